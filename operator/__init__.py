@@ -1,0 +1,1 @@
+"""pagefleet operator: reconciles ModelDeployment resources into serving Deployments."""

@@ -1,0 +1,151 @@
+"""Engine and server settings: one dataclass each, the single source of truth.
+
+Flag names, defaults and help text live here once. The CLI (`pagefleet serve`), the
+YAML config file (`--config`) and the operator (which renders server args) all read
+them from these dataclasses, so they cannot drift apart.
+
+This module must stay importable without torch: the operator image imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, get_args, get_type_hints
+
+DEMO_MODEL = "pagefleet-demo"
+
+
+def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
+        metavar: str | None = None) -> Any:
+    """A dataclass field that carries its CLI help (and optional flag/choices)."""
+    meta = {"help": help}
+    if flag:
+        meta["flag"] = flag
+    if choices:
+        meta["choices"] = choices
+    if metavar:
+        meta["metavar"] = metavar
+    return field(default=default, metadata=meta)
+
+
+class ConfigError(ValueError):
+    """A setting is out of range or inconsistent; the message names the flag."""
+
+
+@dataclass
+class EngineConfig:
+    """What the engine needs: model, memory and scheduling."""
+
+    model: str | None = opt(None, "Local HF model directory or Hugging Face repo id. "
+                            "Omit to serve the built-in demo model.")
+    tokenizer: str | None = opt(None, "Tokenizer directory or repo id (default: the model's).")
+    revision: str | None = opt(None, "Model revision (branch, tag or commit) on the Hub.")
+    dtype: str = opt("auto", "Weight and activation dtype. 'auto' takes the model's "
+                     "torch_dtype (bf16 on GPU when it says float32 on a GPU build; "
+                     "float32 on CPU).",
+                     choices=("auto", "float32", "float16", "bfloat16", "half"))
+    max_model_len: int | None = opt(None, "Model context length (prompt + output). "
+                                    "Default: the model config's max_position_embeddings.")
+    max_num_seqs: int = opt(256, "Maximum number of sequences per engine step.")
+    max_num_batched_tokens: int = opt(2048, "Maximum number of tokens per engine step. "
+                                      "Without chunked prefill it must be >= max-model-len.")
+    block_size: int = opt(16, "Tokens per KV cache block.", choices=(8, 16, 32, 64, 128))
+    enable_prefix_caching: bool = opt(True, "Reuse KV cache blocks of shared prompt prefixes.")
+    enable_chunked_prefill: bool = opt(True, "Split long prompts into chunks that fit the "
+                                       "token budget, interleaved with decodes.")
+    gpu_memory_utilization: float = opt(0.9, "Fraction of GPU memory the engine may use "
+                                        "(weights + activations + KV cache).")
+    kv_cache_memory: int | None = opt(None, "KV cache size in bytes (CPU, or to override GPU "
+                                      "sizing). Default on CPU: 512 MiB.")
+    num_kv_blocks: int | None = opt(None, "Exact number of KV cache blocks (overrides sizing; "
+                                    "for tests and experiments).", flag="--num-gpu-blocks-override")
+    kv_cache_dtype: str = opt("auto", "KV cache dtype ('auto' = model dtype).",
+                              choices=("auto", "fp8", "fp8_e4m3", "bfloat16", "float16", "float32"))
+    scheduling_policy: str = opt("fcfs", "fcfs: first come first served. priority: lower "
+                                 "'priority' value first, then arrival.",
+                                 choices=("fcfs", "priority"))
+    enforce_eager: bool = opt(False, "Disable CUDA graphs.")
+    device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
+    seed: int = opt(0, "Seed for sampling of requests that set no seed.")
+    tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
+
+    def validate(self) -> None:
+        def need(cond: bool, flag: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"--{flag}: {msg}")
+
+        need(self.max_num_seqs >= 1, "max-num-seqs", "must be >= 1")
+        need(self.max_num_batched_tokens >= 1, "max-num-batched-tokens", "must be >= 1")
+        need(self.block_size in (8, 16, 32, 64, 128), "block-size", "must be one of 8,16,32,64,128")
+        need(0 < self.gpu_memory_utilization <= 1, "gpu-memory-utilization", "must be in (0, 1]")
+        need(self.max_model_len is None or self.max_model_len >= 1, "max-model-len", "must be >= 1")
+        need(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv-cache-memory", "must be > 0")
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num-gpu-blocks-override",
+             "must be >= 1")
+        need(self.scheduling_policy in ("fcfs", "priority"), "scheduling-policy",
+             "must be fcfs or priority")
+        need(self.tensor_parallel_size == 1, "tensor-parallel-size",
+             "pagefleet runs one GPU per replica; scale out with replicas")
+        if self.dtype == "half":
+            self.dtype = "float16"
+
+
+@dataclass
+class ServerConfig:
+    """What the HTTP server adds around the engine."""
+
+    host: str = opt("0.0.0.0", "Address to listen on.")
+    port: int = opt(8000, "Port to listen on.")
+    served_model_name: str | None = opt(None, "Model name in the API (default: the model path).")
+    api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' on /v1/* "
+                              "(also read from PAGEFLEET_API_KEY).")
+    chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
+                                    "overrides the tokenizer's.")
+    max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
+    queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
+                                      "scheduled; past it the request gets 503.")
+    shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")
+    enable_log_requests: bool = opt(False, "Log prompts and outputs (truncated to --max-log-len).")
+    max_log_len: int = opt(200, "Characters of prompt/output logged with --enable-log-requests.")
+    log_stats_interval: float = opt(10.0, "Seconds between throughput/queue/KV log lines.")
+    uvicorn_log_level: str = opt("warning", "Log level of uvicorn's own loggers.",
+                                 choices=("critical", "error", "warning", "info", "debug", "trace"))
+
+
+# Flags that older vLLM releases took and that mean nothing here: accepted with a notice.
+IGNORED_FLAGS: dict[str, int] = {
+    "--disable-log-requests": 0,
+    "--trust-remote-code": 0,
+    "--disable-log-stats": 0,
+    "--swap-space": 1,
+    "--worker-use-ray": 0,
+    "--engine-use-ray": 0,
+    "--disable-custom-all-reduce": 0,
+    "--uvicorn-log-level-access": 1,
+}
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def config_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    """(field, resolved type) pairs of a config dataclass."""
+    hints = get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def base_type(tp: Any) -> type:
+    """int | None -> int; bool -> bool."""
+    args = [a for a in get_args(tp) if a is not type(None)]
+    return args[0] if args else tp
+
+
+def engine_flag(name: str) -> str:
+    """The server flag for an EngineConfig/ServerConfig field, e.g. 'max_model_len'."""
+    for cls in (EngineConfig, ServerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return flag_name(f)
+    raise KeyError(name)
