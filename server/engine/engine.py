@@ -1,0 +1,260 @@
+"""The step loop: schedule -> run -> sample -> update.
+
+`LLMEngine` is synchronous and single-threaded by design: the offline `LLM` drives it
+directly and the HTTP server drives it from one engine thread. Requests enter with
+`add_request`, leave finished (stop, length) or aborted; every step returns the
+cumulative output of each request that made progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagefleet.server.config import ConfigError, EngineConfig
+from pagefleet.server.engine.detokenizer import DetokState, IncrementalDetokenizer, find_stop
+from pagefleet.server.engine.kv_cache import KVCacheManager
+from pagefleet.server.engine.outputs import CompletionOutput, RequestOutput
+from pagefleet.server.engine.request import Request
+from pagefleet.server.engine.runner import ModelRunner
+from pagefleet.server.engine.sampler import Sampler
+from pagefleet.server.engine.sampling_params import SamplingParams, SamplingParamsError
+from pagefleet.server.engine.scheduler import Scheduler
+from pagefleet.server.models.config import ModelConfig, generation_defaults
+
+log = logging.getLogger("pagefleet.engine")
+
+
+class RequestRejected(ValueError):
+    """A request that can never run as asked; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(RequestRejected):
+    def __init__(self, prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+        completion = max_tokens or 0
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + completion} tokens ({prompt_len} in the messages, "
+            f"{completion} in the completion). Please reduce the length of the messages or "
+            "completion.", param="messages")
+        self.prompt_len, self.max_tokens, self.max_model_len = prompt_len, max_tokens, max_model_len
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    free_blocks: int
+    total_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_dir: str | Path | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.model_dir = Path(model_dir or config.model)
+        self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        self.max_model_len = self._max_model_len()
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"--max-num-batched-tokens ({config.max_num_batched_tokens}) is smaller than "
+                f"--max-model-len ({self.max_model_len}) with chunked prefill off, so long "
+                "prompts could never be scheduled. Raise --max-num-batched-tokens, lower "
+                "--max-model-len, or use --enable-chunked-prefill.")
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
+        self.generation_defaults = generation_defaults(self.model_dir)
+        eos = list(self.model_cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_token_ids = tuple(eos)
+        self.runner = ModelRunner(config, self.model_dir, self.model_cfg, self.max_model_len)
+        self.device = self.runner.device
+        self.kv = KVCacheManager(self.runner.layout.num_blocks, config.block_size,
+                                 config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   enable_chunked_prefill=config.enable_chunked_prefill,
+                                   policy=config.scheduling_policy)
+        self.sampler = Sampler(self.model_cfg.vocab_size, self.device)
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self._detok: dict[str, DetokState] = {}
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    def _max_model_len(self) -> int:
+        limit = self.model_cfg.max_position_embeddings
+        want = self.config.max_model_len or limit
+        if want > limit:
+            raise ConfigError(f"--max-model-len {want} exceeds the model's "
+                              f"max_position_embeddings ({limit}); use at most {limit}")
+        window = self.model_cfg.sliding_window
+        if window and want > window:
+            raise ConfigError(f"--max-model-len {want} exceeds the model's sliding window "
+                              f"({window}), which pagefleet does not implement; use at most {window}")
+        return want
+
+    # -- requests --------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    *, priority: int = 0, arrival_time: float | None = None) -> Request:
+        """Validate and queue a request; raises RequestRejected for what can never run."""
+        if request_id in self.scheduler.requests:
+            raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenize(prompt)
+        else:
+            text, ids = None, list(prompt)
+        if not ids:
+            raise RequestRejected("the prompt is empty", "prompt")
+        vocab = self.model_cfg.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestRejected(f"token id {bad[0]!r} is out of range [0, {vocab})", "prompt")
+        if len(ids) >= self.max_model_len or (
+                params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len):
+            raise PromptTooLongError(len(ids), params.max_tokens, self.max_model_len)
+        if params.stop_token_ids and any(t >= vocab for t in params.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", f"ids must be < {vocab}")
+        max_tokens = params.max_tokens or (self.max_model_len - len(ids))
+        need = self.kv.blocks_needed(len(ids) + max_tokens)
+        if need > self.kv.num_blocks:
+            raise RequestRejected(
+                f"the request needs up to {len(ids) + max_tokens} tokens of KV cache but the "
+                f"whole cache holds {self.kv.num_blocks * self.kv.block_size}; lower max_tokens",
+                "max_tokens")
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seed_rng).item())
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        req = Request(request_id, ids, params, prompt=text, priority=priority,
+                      arrival_time=arrival_time, eos_token_ids=self.eos_token_ids, generator=gen)
+        req.max_tokens = max_tokens
+        self._detok[request_id] = DetokState.for_prompt(ids)
+        self.scheduler.add(req)
+        return req
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish a queued or running request now; its blocks go back to the pool."""
+        req = self.scheduler.requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.finish(req, "abort")
+        req.metrics.finished_time = time.time()
+        return self._output(req)
+
+    def is_waiting_unscheduled(self, request_id: str) -> bool:
+        """True while the request has never been scheduled (for queue timeouts)."""
+        req = self.scheduler.requests.get(request_id)
+        return req is not None and req.metrics.first_scheduled_time is None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- stepping --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        scheduled = sched.scheduled
+        sampling = [s for s in scheduled if s.samples]
+        tables = [self.kv.blocks_of(s.request.request_id) for s in scheduled]
+        logits = self.runner.execute(scheduled, tables)
+        result = self.sampler(logits, [s.request for s in sampling]) if sampling else None
+        for s in scheduled:
+            if s.request.num_computed_tokens == 0:
+                self.prompt_tokens_total += s.request.num_prompt_tokens - s.request.num_cached_tokens
+        self.scheduler.advance(sched)
+        outputs = []
+        now = time.time()
+        for i, s in enumerate(sampling):
+            req = s.request
+            req.append_token(result.token_ids[i])
+            self.generation_tokens_total += 1
+            if req.logprobs is not None:
+                req.logprobs.append(result.logprobs[i])
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.last_token_time = now
+            self._check_stop(req)
+            if req.is_finished:
+                req.metrics.finished_time = now
+            outputs.append(self._output(req))
+        return outputs
+
+    def _check_stop(self, req: Request) -> None:
+        p = req.params
+        token = req.output_token_ids[-1]
+        state = self._detok[req.request_id]
+        before = len(state.text)
+        self.detokenizer.step(state, req.output_token_ids, p.skip_special_tokens)
+        n_out = len(req.output_token_ids)
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return self.scheduler.finish(req, "stop", None)
+            if p.stop_token_ids and token in p.stop_token_ids:
+                return self.scheduler.finish(req, "stop", token)
+            if p.stop_strings:
+                longest = max(len(s) for s in p.stop_strings)
+                hit = find_stop(state.text, p.stop_strings, before - longest + 1)
+                if hit is not None:
+                    idx, stop = hit
+                    state.text = state.text[:idx + (len(stop) if p.include_stop_str_in_output else 0)]
+                    return self.scheduler.finish(req, "stop", stop)
+        if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            self.scheduler.finish(req, "length", None)
+
+    def _output(self, req: Request) -> RequestOutput:
+        state = self._detok[req.request_id]
+        text = state.text
+        if not req.is_finished and req.params.stop_strings:
+            # Hold back what could still turn out to be the start of a stop string, so
+            # streamed text never has to be taken back.
+            hold = max(len(s) for s in req.params.stop_strings) - 1
+            text = text[:max(len(text) - hold, 0)]
+        if req.is_finished:
+            self._detok.pop(req.request_id, None)
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+            logprobs=list(req.logprobs) if req.logprobs is not None else None)
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_token_ids, outputs=[completion],
+                             finished=req.is_finished, num_cached_tokens=req.num_cached_tokens,
+                             metrics=req.metrics)
+
+    # -- observability -----------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.usage,
+            free_blocks=self.kv.num_free_blocks,
+            total_blocks=self.kv.num_blocks,
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens=self.prompt_tokens_total,
+            generation_tokens=self.generation_tokens_total,
+        )

@@ -1,0 +1,151 @@
+"""Batched sampling: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+
+Each step turns the logits of the requests that produce a token into token ids.
+Greedy rows take the argmax of the penalised logits. Random rows draw with the
+exponential-race trick (argmax of p / E, E ~ Exp(1)), with E drawn from the request's
+own generator: a seeded request gets the same tokens whatever else is in the batch.
+
+The filter functions are public and pure so tests can check them against a direct
+computation on fixed logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagefleet.server.engine.request import Request
+
+
+def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
+                    repetition: torch.Tensor, frequency: torch.Tensor,
+                    presence: torch.Tensor) -> torch.Tensor:
+    """vLLM's penalties. logits `[B, V]`; prompt_mask `[B, V]` bool; output_counts `[B, V]`.
+
+    Repetition (HF/CTRL style) applies to tokens seen in prompt or output: positive
+    logits are divided by it, negative ones multiplied. Frequency and presence (OpenAI
+    style) apply to output tokens only.
+    """
+    seen = prompt_mask | (output_counts > 0)
+    rep = repetition.unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    logits = logits - frequency.unsqueeze(1) * output_counts
+    logits = logits - presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """Mask filtered tokens to -inf. top_k `[B]` (<= 0: off), top_p, min_p `[B]`.
+
+    Order as vLLM: top-k, then top-p on what is left (the smallest set whose mass
+    reaches p, always keeping the most likely token), then min-p relative to the
+    most likely token's probability.
+    """
+    vocab = logits.shape[1]
+    k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    remove = ranks >= k.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove = remove | (mass_before >= top_p.unsqueeze(1))
+    remove[:, 0] = False
+    filtered = sorted_logits.masked_fill(remove, float("-inf"))
+    out = torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, filtered)
+    if bool((min_p > 0).any()):
+        p = out.softmax(dim=-1)
+        threshold = min_p.unsqueeze(1) * p.max(dim=-1, keepdim=True).values
+        out = out.masked_fill(p < threshold, float("-inf"))
+    return out
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def _penalty_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        b, v = len(reqs), self.vocab_size
+        prompt_mask = torch.zeros(b, v, dtype=torch.bool, device=self.device)
+        counts = torch.zeros(b, v, dtype=torch.float32, device=self.device)
+        for i, r in enumerate(reqs):
+            if r.prompt_token_ids:
+                ids = torch.tensor(r.prompt_token_ids, device=self.device).clamp(max=v - 1)
+                prompt_mask[i, ids] = True
+            if r.output_token_ids:
+                ids = torch.tensor(r.output_token_ids, device=self.device).clamp(max=v - 1)
+                counts[i].index_add_(0, ids, torch.ones(len(ids), device=self.device))
+        return prompt_mask, counts
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+        logits = logits.float()
+        raw = logits
+        params = [r.params for r in reqs]
+        dev = self.device
+
+        def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        if any(p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty for p in params):
+            prompt_mask, counts = self._penalty_inputs(reqs)
+            logits = apply_penalties(logits, prompt_mask, counts,
+                                     col([p.repetition_penalty for p in params]),
+                                     col([p.frequency_penalty for p in params]),
+                                     col([p.presence_penalty for p in params]))
+        # min_tokens: EOS and stop tokens are not allowed yet.
+        for i, r in enumerate(reqs):
+            if len(r.output_token_ids) < r.params.min_tokens:
+                banned = list(r.params.stop_token_ids or [])
+                if not r.params.ignore_eos:
+                    banned += list(r.eos_token_ids)
+                banned = [t for t in banned if t < self.vocab_size]
+                if banned:
+                    logits[i, banned] = float("-inf")
+
+        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+        tokens = torch.empty(len(reqs), dtype=torch.long, device=dev)
+        if greedy_rows:
+            g = torch.tensor(greedy_rows, device=dev)
+            tokens[g] = logits[g].argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            r_idx = torch.tensor(random_rows, device=dev)
+            rp = [params[i] for i in random_rows]
+            scaled = logits[r_idx] / col([p.temperature for p in rp]).unsqueeze(1)
+            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in rp):
+                scaled = apply_top_k_top_p_min_p(
+                    scaled, col([p.top_k for p in rp], torch.long),
+                    col([p.top_p for p in rp]), col([p.min_p for p in rp]))
+            probs = scaled.softmax(dim=-1)
+            noise = torch.stack([
+                torch.empty(self.vocab_size, device=dev).exponential_(generator=reqs[i].generator)
+                for i in random_rows])
+            tokens[r_idx] = (probs / noise).argmax(dim=-1)
+
+        token_list = tokens.tolist()
+        logprobs: list[dict[int, float] | None] = [None] * len(reqs)
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if want:
+            w = torch.tensor(want, device=dev)
+            lp = torch.log_softmax(raw[w], dim=-1)
+            n_top = max(params[i].logprobs for i in want)
+            top_vals, top_ids = lp.topk(max(n_top, 1), dim=-1) if n_top else (None, None)
+            for j, i in enumerate(want):
+                entry: dict[int, float] = {}
+                n = params[i].logprobs
+                if n and top_ids is not None:
+                    for t, val in zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist()):
+                        entry[t] = val
+                entry[token_list[i]] = lp[j, token_list[i]].item()
+                logprobs[i] = entry
+        return SampleResult(token_list, logprobs)

@@ -1,0 +1,76 @@
+"""Per-request sampling settings, with vLLM's names, defaults and meanings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """A sampling field is out of range; `param` names it (for a 400 naming the field)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                 # -1 or 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16     # None: up to max_model_len
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None     # top-N logprobs per generated token
+    skip_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        stop = self.stop
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        self.stop_strings = tuple(s for s in stop if s)
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def validate(self) -> None:
+        def need(cond: bool, param: str, msg: str) -> None:
+            if not cond:
+                raise SamplingParamsError(param, msg)
+
+        need(self.n == 1, "n", "only n=1 is supported")
+        need(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        need(self.top_k == -1 or self.top_k >= 0, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}")
+        need(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        need(-2 <= self.presence_penalty <= 2, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}")
+        need(-2 <= self.frequency_penalty <= 2, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}")
+        need(self.repetition_penalty > 0, "repetition_penalty",
+             f"must be > 0, got {self.repetition_penalty}")
+        need(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"must be >= 1, got {self.max_tokens}")
+        need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+             f"must be in [0, 20], got {self.logprobs}")
+        need(all(isinstance(s, str) for s in self.stop_strings), "stop", "must be strings")
+        need(self.stop_token_ids is None or all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids", "must be non-negative integers")
+        need(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")

@@ -1,0 +1,163 @@
+"""One decoder for Llama, Mistral, Qwen2 and Qwen3: they differ only in q/k/v bias and
+per-head q/k RMSNorm (ModelConfig.qkv_bias / qk_norm).
+
+Projections are fused (qkv, gate|up) for fewer, larger matmuls; the loader splits HF's
+separate weights into them. Attention reads and writes the paged KV cache through the
+batch's `AttentionMetadata`, so one forward serves any mix of prefills and decodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pagefleet.server.models.config import ModelConfig
+from pagefleet.server.ops import activation, attention, layernorm, rotary
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a packed batch reads and writes the KV cache."""
+
+    positions: torch.Tensor        # [T] absolute positions of the new tokens
+    slot_mapping: torch.Tensor     # [T] flat cache slot for each new token's K/V
+    cu_seqlens_q: torch.Tensor     # [B+1] offsets of each sequence's new tokens
+    context_lens: torch.Tensor     # [B] cached + new tokens per sequence
+    block_tables: torch.Tensor     # [B, max_blocks] int32
+    max_query_len: int             # 1 means a pure decode batch
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+class Ops:
+    """The op implementations a model calls: torch twins by default, Triton on CUDA."""
+
+    store_kvcache = staticmethod(attention.store_kvcache)
+    prefill_attention = staticmethod(attention.paged_prefill_attention)
+    decode_attention = staticmethod(attention.paged_decode_attention)
+    rms_norm = staticmethod(layernorm.rms_norm)
+    fused_add_rms_norm = staticmethod(layernorm.fused_add_rms_norm)
+    rotary_embedding = staticmethod(rotary.rotary_embedding)
+    silu_and_mul = staticmethod(activation.silu_and_mul)
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = _param(size)
+        self.eps = eps
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = _param(out_features, in_features)
+        self.bias = _param(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = self.ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k = self.ops.rotary_embedding(meta.positions, q, k, cos_sin)
+        self.ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping,
+                               meta.k_scale, meta.v_scale)
+        if meta.max_query_len == 1:
+            o = self.ops.decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                          meta.context_lens, self.scale, meta.k_scale, meta.v_scale)
+        else:
+            o = self.ops.prefill_attention(q, self.k_cache, self.v_cache, meta.cu_seqlens_q,
+                                           meta.context_lens, meta.block_tables, self.scale,
+                                           meta.k_scale, meta.v_scale)
+        return self.o_proj(o.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+        super().__init__()
+        self.ops = ops
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+        super().__init__()
+        self.ops = ops
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, ops)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
+                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ln = self.input_layernorm
+        if residual is None:
+            residual, h = x, self.ops.rms_norm(x, ln.weight, ln.eps)
+        else:
+            h, residual = self.ops.fused_add_rms_norm(x, residual, ln.weight, ln.eps)
+        h = self.self_attn(h, meta, cos_sin)
+        ln = self.post_attention_layernorm
+        h, residual = self.ops.fused_add_rms_norm(h, residual, ln.weight, ln.eps)
+        return self.mlp(h), residual
+
+
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: type[Ops] = Ops, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        n_pos = max(max_positions or 0, cfg.max_position_embeddings)
+        self.register_buffer("cos_sin", rotary.cos_sin_cache(
+            cfg.head_dim, n_pos, cfg.rope_theta, cfg.rope_scaling), persistent=False)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states `[T, hidden]` after the final norm."""
+        x = nn.functional.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, meta, self.cos_sin)
+        x, _ = self.ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return nn.functional.linear(hidden, head)
