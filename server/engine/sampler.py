@@ -88,8 +88,8 @@ class Sampler:
         return prompt_mask, counts
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
-        logits = logits.float()
-        raw = logits
+        raw = logits.float()
+        logits = raw.clone()   # raw stays untouched for logprobs
         params = [r.params for r in reqs]
         dev = self.device
 

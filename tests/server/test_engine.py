@@ -1,0 +1,178 @@
+"""Engine behaviour on a tiny model: aborts, rejections, stops, seeds, streaming text."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagefleet.server import LLM, SamplingParams
+from pagefleet.server.config import ConfigError
+from pagefleet.server.engine.engine import PromptTooLongError, RequestRejected
+from pagefleet.server.engine.sampling_params import SamplingParamsError
+from tests.server.helpers import random_prompts
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models):
+    return LLM(tiny_models("qwen3"), max_model_len=256, max_num_seqs=4,
+               max_num_batched_tokens=64, num_kv_blocks=64)
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, **kw)
+
+
+def test_abort_mid_generation_returns_every_block(llm):
+    eng = llm.engine
+    prompts = random_prompts(3, [40, 70, 20, 90, 33, 15], 512)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"ab{i}", p, greedy(60, ignore_eos=True))
+    for _ in range(6):
+        eng.step()
+    running = [r.request_id for r in eng.scheduler.running]
+    waiting = [r.request_id for r in eng.scheduler.waiting]
+    assert running and waiting
+    out = eng.abort_request(running[0])
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert eng.abort_request(waiting[-1]).outputs[0].finish_reason == "abort"
+    assert eng.abort_request("no-such-request") is None
+    finished = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                finished[o.request_id] = o
+    assert len(finished) == 4
+    assert all(o.outputs[0].finish_reason == "length" for o in finished.values())
+    eng.kv.check_whole()
+    # Abort everything in flight, prefills included.
+    for i, p in enumerate(prompts):
+        eng.add_request(f"ab2-{i}", p, greedy(60, ignore_eos=True))
+    eng.step()
+    for i in range(len(prompts)):
+        eng.abort_request(f"ab2-{i}")
+    assert not eng.has_unfinished_requests()
+    eng.kv.check_whole()
+
+
+def test_rejections_are_clear_and_leave_the_engine_whole(llm):
+    eng = llm.engine
+    with pytest.raises(PromptTooLongError) as e:
+        eng.add_request("long", list(range(3, 300)), greedy(10))
+    assert "maximum context length is 256 tokens" in str(e.value)
+    assert "However, you requested 307 tokens (297 in the messages, 10 in the completion)" in str(e.value)
+    with pytest.raises(PromptTooLongError):
+        eng.add_request("room", list(range(3, 200)), greedy(100))
+    with pytest.raises(RequestRejected, match="empty"):
+        eng.add_request("empty", [], greedy(4))
+    with pytest.raises(RequestRejected, match="out of range") as e:
+        eng.add_request("bad", [5, 100000], greedy(4))
+    assert e.value.param == "prompt"
+    with pytest.raises(SamplingParamsError):
+        eng.add_request("badstop", [5, 6], greedy(4, stop_token_ids=[10**6]))
+    eng.add_request("dup", [5, 6], greedy(2))
+    with pytest.raises(RequestRejected, match="already in use"):
+        eng.add_request("dup", [5, 6], greedy(2))
+    while eng.has_unfinished_requests():
+        eng.step()
+    eng.kv.check_whole()
+    assert llm.generate([[5, 6, 7]], greedy(3))[0].outputs[0].token_ids
+
+
+def test_config_errors_name_the_flag(tiny_models):
+    with pytest.raises(ConfigError, match="--max-model-len"):
+        LLM(tiny_models("qwen3"), max_model_len=10**6)
+    with pytest.raises(ConfigError, match="--max-num-batched-tokens"):
+        LLM(tiny_models("qwen3"), max_model_len=512, enable_chunked_prefill=False,
+            max_num_batched_tokens=64)
+    with pytest.raises(ConfigError, match="--max-model-len"):
+        LLM(tiny_models("qwen3"), max_model_len=512, num_kv_blocks=4)
+
+
+def test_stop_strings_and_stop_tokens(llm):
+    prompt = random_prompts(5, [30], 512)[0]
+    base = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0]
+    text, ids = base.text, base.token_ids
+    assert len(text) > 20
+    stop = text[10:13]
+    first = text.find(stop)
+    out = llm.generate([prompt], greedy(40, ignore_eos=True, stop=[stop, "\x00never"]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[:first]
+    kept = llm.generate([prompt], greedy(40, ignore_eos=True, stop=stop,
+                                         include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.text == text[:first + len(stop)]
+
+    tok = ids[6]
+    out = llm.generate([prompt], greedy(40, ignore_eos=True, stop_token_ids=[tok]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == tok
+    assert out.token_ids == ids[:ids.index(tok) + 1]
+
+    out = llm.generate([prompt], greedy(40, ignore_eos=True, stop_token_ids=[ids[0]],
+                                        min_tokens=8))[0].outputs[0]
+    assert len(out.token_ids) >= 8
+
+    out = llm.generate([prompt], greedy(5, ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "length" and out.token_ids == ids[:5]
+
+
+def test_eos_from_generation_config_stops(tiny_models, llm):
+    eng = llm.engine
+    tok = eng.tokenizer
+    assert tok.convert_tokens_to_ids("<|im_end|>") in eng.eos_token_ids
+    assert tok.convert_tokens_to_ids("<|endoftext|>") in eng.eos_token_ids
+    prompt = random_prompts(5, [30], 512)[0]
+    ids = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0].token_ids
+    # Make the 4th greedy token an EOS for this request: generation stops on it.
+    eng.eos_token_ids = eng.eos_token_ids + (ids[3],)
+    try:
+        out = llm.generate([prompt], greedy(40))[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason is None
+        assert out.token_ids[-1] in eng.eos_token_ids and len(out.token_ids) <= 4
+        ignored = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0]
+        assert ignored.token_ids == ids
+    finally:
+        eng.eos_token_ids = eng.eos_token_ids[:-1]
+
+
+def test_seeded_sampling_reproducible_whatever_the_batch(llm):
+    prompt = random_prompts(9, [25], 512)[0]
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=30, ignore_eos=True)
+    alone = llm.generate([prompt], p)[0].outputs[0].token_ids
+    others = random_prompts(10, [5, 50, 12, 80, 3], 512)
+    batch = others[:2] + [prompt] + others[2:]
+    params = [SamplingParams(temperature=0.8, max_tokens=20 + i, ignore_eos=True) for i in range(5)]
+    params.insert(2, p)
+    mixed = llm.generate(batch, params)[2].outputs[0].token_ids
+    assert alone == mixed
+    other_seed = llm.generate([prompt], SamplingParams(temperature=1.0, top_p=0.9, seed=99,
+                                                       max_tokens=30, ignore_eos=True))
+    assert other_seed[0].outputs[0].token_ids != alone
+
+
+def test_streamed_text_is_monotonic_and_complete(llm):
+    eng = llm.engine
+    prompt = random_prompts(11, [20], 512)[0]
+    full = llm.generate([prompt], greedy(30, ignore_eos=True))[0].outputs[0]
+    eng.add_request("stream", prompt, greedy(30, ignore_eos=True, stop=["\x01\x02"]))
+    seen = ""
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            assert o.outputs[0].text.startswith(seen)
+            seen = o.outputs[0].text
+    assert seen == full.text
+
+
+def test_logprobs_and_string_prompts(llm):
+    out = llm.generate(["Hello world, the model"], greedy(6, logprobs=2, ignore_eos=True))[0]
+    c = out.outputs[0]
+    assert out.prompt == "Hello world, the model"
+    assert out.prompt_token_ids == llm.tokenizer.encode("Hello world, the model")
+    assert len(c.logprobs) == len(c.token_ids) == 6
+    for tok, lp in zip(c.token_ids, c.logprobs):
+        assert tok in lp and max(lp.values()) == lp[tok]   # greedy picks the top
+
+
+def test_bfloat16_runs_on_cpu(tiny_models):
+    llm = LLM(tiny_models("qwen2"), max_model_len=128, dtype="bfloat16")
+    out = llm.generate([[5, 6, 7, 8]], greedy(8, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 8
+    assert llm.engine.runner.dtype.is_floating_point and str(llm.engine.runner.dtype) == "torch.bfloat16"
