@@ -182,9 +182,6 @@ class LLMEngine:
         tables = [self.kv.blocks_of(s.request.request_id) for s in scheduled]
         logits = self.runner.execute(scheduled, tables)
         result = self.sampler(logits, [s.request for s in sampling]) if sampling else None
-        for s in scheduled:
-            if s.request.num_computed_tokens == 0:
-                self.prompt_tokens_total += s.request.num_prompt_tokens - s.request.num_cached_tokens
         self.scheduler.advance(sched)
         outputs = []
         now = time.time()
@@ -196,6 +193,7 @@ class LLMEngine:
                 req.logprobs.append(result.logprobs[i])
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens   # as vLLM counts them
             req.metrics.last_token_time = now
             self._check_stop(req)
             if req.is_finished:
