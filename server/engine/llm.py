@@ -29,7 +29,7 @@ class LLM:
         """Run all prompts to completion; outputs come back in prompt order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = params or SamplingParams()
+        params = params or self.default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -50,6 +50,10 @@ class LLM:
                 if out.finished:
                     final[out.request_id] = out
         return [final[rid] for rid in ids]
+
+    def default_sampling_params(self) -> SamplingParams:
+        """vLLM's default: the checkpoint's generation_config.json sampling fields."""
+        return SamplingParams(**self.engine.generation_defaults)
 
     def stats(self) -> dict:
         return dataclasses.asdict(self.engine.stats())
