@@ -151,7 +151,7 @@ class LLMEngine:
         req = Request(request_id, ids, params, prompt=text, priority=priority,
                       arrival_time=arrival_time, eos_token_ids=self.eos_token_ids, generator=gen)
         req.max_tokens = max_tokens
-        self._detok[request_id] = DetokState.for_prompt(ids)
+        self._detok[request_id] = self.detokenizer.start(ids, params.skip_special_tokens)
         self.scheduler.add(req)
         return req
 
@@ -206,7 +206,7 @@ class LLMEngine:
         token = req.output_token_ids[-1]
         state = self._detok[req.request_id]
         before = len(state.text)
-        self.detokenizer.step(state, req.output_token_ids, p.skip_special_tokens)
+        self.detokenizer.step(state, token)
         n_out = len(req.output_token_ids)
         if n_out >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
