@@ -88,8 +88,7 @@ class Sampler:
         return prompt_mask, counts
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
-        raw = logits.float()
-        logits = raw.clone()   # raw stays untouched for logprobs
+        raw = logits = logits.float()   # raw stays untouched, for logprobs
         params = [r.params for r in reqs]
         dev = self.device
 
@@ -103,6 +102,8 @@ class Sampler:
                                      col([p.frequency_penalty for p in params]),
                                      col([p.presence_penalty for p in params]))
         # min_tokens: EOS and stop tokens are not allowed yet.
+        if logits is raw and any(len(r.output_token_ids) < r.params.min_tokens for r in reqs):
+            logits = raw.clone()
         for i, r in enumerate(reqs):
             if len(r.output_token_ids) < r.params.min_tokens:
                 banned = list(r.params.stop_token_ids or [])
