@@ -1,0 +1,134 @@
+"""Pure: per-pod metric samples + history -> desired replicas, with HPA semantics.
+
+The rules are Kubernetes' HorizontalPodAutoscaler's (pkg/controller/podautoscaler),
+because users already reason in them and already tune KEDA/HPA rules on
+`vllm:num_requests_waiting`:
+
+- desired = ceil(sum of the metric over pods / target per replica), but no change
+  while the usage ratio is within the tolerance (0.1) of 1;
+- pods that are not ready, failed their scrape, or do not exist yet (the Deployment
+  asks for more than there are) count as 0 when scaling up and as exactly at target
+  when scaling down, so a half-started fleet neither over- nor under-reacts; a
+  change of direction caused by that filling means no change;
+- the result is clamped to [minReplicas, maxReplicas];
+- stabilization: scale up to the lowest recommendation of the last
+  scaleUpStabilizationSeconds (0: at once), scale down to the highest
+  recommendation of the last scaleDownStabilizationSeconds. This is what stops
+  a bursty queue from flapping the fleet.
+
+Time is passed in (monotonic seconds), so tests drive it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagefleet.operator.spec import AutoscalingSpec
+
+TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """One pod's view: `value` is the summed metric, None when it could not be read."""
+
+    pod: str
+    ready: bool
+    value: float | None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    at: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int                         # what the Deployment should have now
+    recommendation: int                   # this evaluation's (clamped) recommendation
+    waiting: float                        # metric summed over the pods that reported it
+    reported: int                         # pods that reported it
+    history: tuple[Recommendation, ...]   # to pass to the next evaluation
+    reason: str                           # one line for the Event and the log
+
+
+def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
+                    tolerance: float = TOLERANCE) -> int:
+    """HPA's replica calculation for an AverageValue pods metric (before clamping)."""
+    reported = [s.value for s in samples if s.ready and s.value is not None]
+    if not reported:
+        return current  # no metrics at all: the HPA makes no change either
+    missing = sum(1 for s in samples if not (s.ready and s.value is not None))
+    missing += max(0, current - len(samples))  # asked for but not (yet) created
+    usage = sum(reported)
+    ratio = usage / (target * len(reported))
+    if missing == 0:
+        if abs(1.0 - ratio) <= tolerance:
+            return current
+        return math.ceil(usage / target)
+    if ratio < 1.0:
+        usage += target * missing      # scale-down: missing pods are at target
+    elif ratio == 1.0:
+        return current
+    # scale-up: missing pods count as 0, i.e. add nothing
+    new_ratio = usage / (target * (len(reported) + missing))
+    if abs(1.0 - new_ratio) <= tolerance or (ratio < 1.0 < new_ratio) or (new_ratio < 1.0 < ratio):
+        return current
+    new = math.ceil(new_ratio * (len(reported) + missing))
+    if (new_ratio < 1.0 and new > current) or (new_ratio > 1.0 and new < current):
+        return current
+    return new
+
+
+def stabilize(current: int, recommendation: int, history: Sequence[Recommendation], now: float,
+              up_window: float, down_window: float) -> tuple[int, tuple[Recommendation, ...]]:
+    """HPA's behavior-based stabilization: returns (replicas, new history)."""
+    up = min([recommendation] + [r.replicas for r in history if r.at > now - up_window])
+    down = max([recommendation] + [r.replicas for r in history if r.at > now - down_window])
+    replicas = current
+    if replicas < up:
+        replicas = up
+    if replicas > down:
+        replicas = down
+    keep = max(up_window, down_window)
+    new_history = tuple(r for r in history if r.at > now - keep) + (Recommendation(now, recommendation),)
+    return replicas, new_history
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
+           policy: AutoscalingSpec, now: float) -> Decision:
+    """One autoscaler evaluation."""
+    raw = metric_replicas(samples, current, policy.target_waiting_requests)
+    recommendation = max(policy.min_replicas, min(policy.max_replicas, raw))
+    stabilized, new_history = stabilize(current, recommendation, history, now,
+                                        policy.scale_up_stabilization_seconds,
+                                        policy.scale_down_stabilization_seconds)
+    replicas = max(policy.min_replicas, min(policy.max_replicas, stabilized))
+    reported = [s.value for s in samples if s.ready and s.value is not None]
+    waiting = float(sum(reported))
+    why = f"{_fmt(waiting)} waiting, target {_fmt(policy.target_waiting_requests)} per replica"
+    if raw > policy.max_replicas and replicas == policy.max_replicas:
+        why += f" (capped at maxReplicas {policy.max_replicas})"
+    elif raw < policy.min_replicas and replicas == policy.min_replicas:
+        why += f" (floored at minReplicas {policy.min_replicas})"
+    if replicas < current and stabilized != recommendation:
+        why += f" (highest recommendation in the last {policy.scale_down_stabilization_seconds}s)"
+    unreported = len(samples) - len(reported) + max(0, current - len(samples))
+    if unreported:
+        why += f"; {unreported} pod(s) not reporting"
+    reason = f"scaled {current} -> {replicas}: {why}" if replicas != current else f"holding {current}: {why}"
+    return Decision(replicas=replicas, recommendation=recommendation, waiting=waiting,
+                    reported=len(reported), history=new_history, reason=reason)
+
+
+def seed_history(current: int, now: float) -> tuple[Recommendation, ...]:
+    """History for a fresh operator (start, restart, failover): as if the current
+    size had just been recommended, so a restart never skips a scale-down window."""
+    return (Recommendation(now, current),)
