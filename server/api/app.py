@@ -1,0 +1,147 @@
+"""FastAPI app factory: wires the engine bridge, endpoints, auth, metrics and errors.
+
+`build_app(engine, engine_cfg, server_cfg)` takes an already-built `LLMEngine` (the
+slow part, done by `serve.run_serve` or a test) and returns an ASGI app whose lifespan
+starts the engine thread and runs a warm-up request before the server binds its port:
+a server that answers at all is ready. Endpoint bodies live in `serving.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from pagefleet.server.api.auth import APIKeyMiddleware
+from pagefleet.server.api.errors import APIError, error_response, install_error_handlers, to_api_error
+from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
+from pagefleet.server.api.request_id import RequestIdMiddleware
+from pagefleet.server.api.serving import OpenAIServing, cancel_on_disconnect
+from pagefleet.server.api.stats_log import log_stats_forever
+from pagefleet.server.config import EngineConfig, ServerConfig
+from pagefleet.server.engine.async_engine import AsyncEngine
+from pagefleet.server.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("pagefleet.api")
+
+
+def pagefleet_version() -> str:
+    try:
+        return version("pagefleet")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0.0.0+unknown"
+
+
+async def warm_up(async_engine: AsyncEngine, tokenizer) -> None:
+    """One short greedy request through the whole path (tokenizer, engine, sampler,
+    detokenizer) so the first user request does not pay for lazy initialisation."""
+    ids = tokenizer.encode("warm up") or [0]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    async for _ in async_engine.generate("warmup-0", ids, params):
+        pass
+
+
+def build_app(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, *,
+              served_model_name: str | None = None, model_root: str | None = None,
+              api_key: str | None = None, chat_template: str | None = None) -> FastAPI:
+    name = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
+        str(engine.model_dir)
+    async_engine = AsyncEngine(engine, max_num_queued_requests=server_cfg.max_num_queued_requests,
+                               queue_timeout=server_cfg.queue_timeout)
+    metrics = ServerMetrics(name, lambda: async_engine.stats, block_size=engine_cfg.block_size,
+                            num_blocks=engine.kv.num_blocks,
+                            enable_prefix_caching=engine_cfg.enable_prefix_caching,
+                            cache_dtype=engine_cfg.kv_cache_dtype,
+                            gpu_memory_utilization=engine_cfg.gpu_memory_utilization)
+    serving = OpenAIServing(async_engine, served_model_name=name,
+                            model_root=model_root or str(engine.model_dir),
+                            chat_template=chat_template,
+                            scheduling_policy=engine_cfg.scheduling_policy,
+                            enable_log_requests=server_cfg.enable_log_requests,
+                            max_log_len=server_cfg.max_log_len)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await async_engine.start()
+        await warm_up(async_engine, engine.tokenizer)
+        async_engine.listener = MetricsListener(metrics)   # warm-up stays out of metrics
+        stats_task = asyncio.create_task(
+            log_stats_forever(async_engine, metrics, server_cfg.log_stats_interval))
+        log.info("ready: serving %r (max_model_len %d)", name, engine.max_model_len)
+        try:
+            yield
+        finally:
+            stats_task.cancel()
+            await async_engine.stop()
+
+    app = FastAPI(title="pagefleet", version=pagefleet_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.async_engine = async_engine
+    app.state.metrics = metrics
+    app.state.serving = serving
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)     # outermost: 401s carry the id too
+
+    def rid_of(request: Request) -> str:
+        return request.state.request_id
+
+    async def run(request: Request, handler) -> Response:
+        body = await request.body()
+        try:
+            return await cancel_on_disconnect(request, handler(body, rid_of(request)))
+        except APIError as e:
+            _log_rejection(rid_of(request), e)
+            return error_response(e)
+        except Exception as e:  # noqa: BLE001 - engine errors -> OpenAI-shaped errors
+            err = to_api_error(e)
+            if err.status >= 500 and not isinstance(e, RuntimeError):
+                log.exception("request %s failed", rid_of(request))
+            _log_rejection(rid_of(request), err)
+            return error_response(err)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await run(request, serving.completions)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await run(request, serving.chat)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return serving.models()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return serving.tokenize(await request.body())
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return serving.detokenize(await request.body())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if async_engine.is_alive and not async_engine.is_draining:
+            return Response(status_code=200)
+        return Response(status_code=503)
+
+    @app.get("/version")
+    async def version_() -> Response:
+        return Response(f'{{"version": "{pagefleet_version()}"}}', media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics_() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _log_rejection(rid: str, err: APIError) -> None:
+    level = logging.WARNING if err.status in (429, 503) or err.status >= 500 else logging.INFO
+    log.log(level, "request %s: %d %s", rid, err.status, err.message)

@@ -1,0 +1,103 @@
+"""Chat prompts: template loading, rendering messages, and chat logprobs.
+
+The prompt text comes from `tokenizer.apply_chat_template(..., tokenize=False)` and is
+then encoded with `add_special_tokens=False` by default, because the template already
+wrote the special tokens (encoding with them would add a second BOS on Llama-style
+tokenizers). This is vLLM's behaviour too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pagefleet.server.api.errors import bad_request
+from pagefleet.server.config import ConfigError
+
+
+def load_chat_template(arg: str | None) -> str | None:
+    """`--chat-template`: a file path or an inline Jinja template (vLLM's rule)."""
+    if arg is None:
+        return None
+    if os.path.isfile(arg):
+        with open(arg, encoding="utf-8") as fh:
+            return fh.read()
+    if any(mark in arg for mark in ("{{", "{%")):
+        return arg.replace("\\n", "\n")    # shells hand inline templates over with literal \n
+    raise ConfigError(f"--chat-template {arg!r}: no such file, and it is not an inline "
+                      "Jinja template")
+
+
+def message_text(content: Any, index: int) -> str:
+    """A message's content as text: a string, or the text parts of a parts list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"messages.{index}.content.{j}: only text content parts are "
+                              f"supported, got type {part.get('type')!r}",
+                              f"messages.{index}.content")
+        parts.append(part["text"])
+    return "\n".join(parts)
+
+
+def render_chat(tokenizer, messages: list, *, template: str | None,
+                add_generation_prompt: bool, continue_final_message: bool,
+                kwargs: dict | None = None) -> str:
+    """Messages -> prompt text with the chat template; template errors become 400s."""
+    if add_generation_prompt and continue_final_message:
+        raise bad_request("add_generation_prompt and continue_final_message cannot both be "
+                          "true", "continue_final_message")
+    if continue_final_message and messages[-1].role != "assistant":
+        raise bad_request("continue_final_message needs the last message to be from the "
+                          "assistant", "continue_final_message")
+    conv = []
+    for i, m in enumerate(messages):
+        d = {k: v for k, v in (m.model_extra or {}).items()}
+        d.update(role=m.role, content=message_text(m.content, i))
+        if m.name is not None:
+            d["name"] = m.name
+        conv.append(d)
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise bad_request("the model has no chat template; start the server with "
+                          "--chat-template, or use /v1/completions", "messages")
+    try:
+        return tokenizer.apply_chat_template(
+            conv, tokenize=False, chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **(kwargs or {}))
+    except Exception as e:  # noqa: BLE001 - jinja raises many types; all mean bad input
+        raise bad_request(f"the chat template could not render the messages: {e}",
+                          "messages") from e
+
+
+class LogprobFormatter:
+    """Engine logprobs ({token_id: logprob} per token) -> OpenAI chat `logprobs.content`."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def token(self, tid: int) -> str:
+        s = self._cache.get(tid)
+        if s is None:
+            s = self.tokenizer.decode([tid])
+            if len(self._cache) < 65536:
+                self._cache[tid] = s
+        return s
+
+    def entry(self, tid: int, lp: float) -> dict:
+        tok = self.token(tid)
+        return {"token": tok, "logprob": max(lp, -9999.0), "bytes": list(tok.encode("utf-8"))}
+
+    def content(self, token_ids: list[int], logprobs: list[dict[int, float]], top: int) -> list:
+        out = []
+        for tid, d in zip(token_ids, logprobs):
+            e = self.entry(tid, d.get(tid, float("-inf")))
+            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:top]
+            e["top_logprobs"] = [self.entry(t, lp) for t, lp in ranked]
+            out.append(e)
+        return out

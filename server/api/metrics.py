@@ -1,0 +1,131 @@
+"""Prometheus metrics with vLLM's names, labels and histogram buckets.
+
+Dashboards, KEDA/HPA rules and gateway endpoint pickers written for vLLM read these
+unchanged. Each app has its own `CollectorRegistry` (several servers can live in one
+test process). Gauges and engine-side counters are read at scrape time from the
+engine thread's latest stats snapshot; per-request histograms and token counters are
+fed by `MetricsListener`, which sees every step's outputs on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from pagefleet.server.engine.async_engine import RequestStream, StepListener
+from pagefleet.server.engine.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+LABELS = ("model_name", "engine")
+
+
+class _EngineStatsCollector:
+    """Gauges and counters whose source of truth is the engine (read at scrape time)."""
+
+    def __init__(self, stats_source, labels: list[str]) -> None:
+        self.stats_source = stats_source
+        self.labels = labels
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s = self.stats_source()
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(name, doc, labels=LABELS)
+            g.add_metric(self.labels, value)
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(self.labels, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution "
+                    "batches.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
+                    "processed.", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    s.kv_cache_usage)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of "
+                      "number of queried tokens.", s.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of "
+                      "cached tokens.", s.prefix_cache_hits)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the "
+                      "engine.", s.num_preemptions)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, stats_source, *, block_size: int, num_blocks: int,
+                 enable_prefix_caching: bool, cache_dtype: str,
+                 gpu_memory_utilization: float, engine_index: str = "0") -> None:
+        self.registry = r = CollectorRegistry()
+        self.labels = [model_name, engine_index]
+        r.register(_EngineStatsCollector(stats_source, self.labels))
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self.labels)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first "
+                         "token in seconds.", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token "
+                        "latency in seconds.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request "
+                        "latency in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds", "Histogram of time spent "
+                               "in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens "
+                                     "processed.", LABELS, registry=r).labels(*self.labels)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation "
+                                         "tokens processed.", LABELS,
+                                         registry=r).labels(*self.labels)
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          (*LABELS, "finished_reason"), registry=r)
+        self.success = {reason: success.labels(*self.labels, reason)
+                        for reason in FINISHED_REASONS}
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                     ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype",
+                      "gpu_memory_utilization", *LABELS), registry=r)
+        info.labels(str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype,
+                    str(gpu_memory_utilization), *self.labels).set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsListener(StepListener):
+    """Turns the stream of per-step outputs into vLLM's per-request metrics."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.m = metrics
+
+    def on_output(self, stream: RequestStream, out: RequestOutput, now: float) -> None:
+        n = len(out.outputs[0].token_ids)
+        new = n - stream.num_tokens
+        if new <= 0:
+            return
+        if stream.num_tokens == 0:
+            self.m.prompt_tokens.inc(len(out.prompt_token_ids))
+            self.m.ttft.observe(max(now - stream.arrival_time, 0.0))
+            stream.first_token_time = now
+            sched = out.metrics.first_scheduled_time if out.metrics else None
+            if sched is not None:
+                self.m.queue_time.observe(max(sched - stream.arrival_time, 0.0))
+        elif stream.last_token_time is not None:
+            self.m.itl.observe(max(now - stream.last_token_time, 0.0))
+        stream.last_token_time = now
+        stream.num_tokens = n
+        self.m.generation_tokens.inc(new)
+
+    def on_finished(self, stream: RequestStream, reason: str) -> None:
+        self.m.success.get(reason, self.m.success["abort"]).inc()
+        self.m.e2e.observe(max(time.time() - stream.arrival_time, 0.0))

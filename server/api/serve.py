@@ -1,0 +1,129 @@
+"""`pagefleet serve`: resolve the model, build the engine, run uvicorn, drain on SIGTERM.
+
+Shutdown follows what Kubernetes expects of a pod: on SIGTERM (or Ctrl-C) the server
+keeps listening but answers new generation requests with 503 and /health with 503
+(readiness drops, the endpoint is removed), lets in-flight requests finish for up to
+`--shutdown-timeout` seconds, aborts the rest with an error response (nothing accepted
+ends silently), then stops uvicorn and exits 0. A second Ctrl-C forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, ServerConfig
+
+log = logging.getLogger("pagefleet.serve")
+
+
+def setup_logging() -> None:
+    root = logging.getLogger("pagefleet")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                               "%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        root.setLevel(os.environ.get("PAGEFLEET_LOG_LEVEL", "INFO").upper())
+        root.propagate = False
+
+
+def _make_server(config, async_engine, shutdown_timeout: float):
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn.Server whose first SIGTERM/SIGINT drains instead of closing the socket
+        at once, and which does not re-raise the signal afterwards (exit code 0)."""
+
+        draining = False
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.draining:
+                if sig == signal.SIGINT:
+                    log.warning("second interrupt: exiting without waiting")
+                    self.force_exit = True
+                    self.should_exit = True
+                return
+            self.draining = True
+            log.info("received %s: no new requests; waiting up to %gs for %d in-flight",
+                     signal.Signals(sig).name, shutdown_timeout, async_engine.num_open)
+            loop = self._loop
+            if loop is None:
+                self.should_exit = True
+                return
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+        async def _drain(self) -> None:
+            try:
+                aborted = await async_engine.drain(shutdown_timeout)
+                if aborted:
+                    log.warning("shutdown: %d request(s) did not finish within "
+                                "--shutdown-timeout and were answered with an error", aborted)
+                else:
+                    log.info("shutdown: all in-flight requests finished")
+            finally:
+                self.should_exit = True
+
+        async def serve(self, sockets=None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+    server = DrainingServer(config)
+    server._loop = None
+    return server
+
+
+def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str]) -> int:
+    setup_logging()
+    for notice in notices:
+        log.warning(notice)
+    from pagefleet.server.api.chat import load_chat_template
+    from pagefleet.server.models.hub import ModelNotFoundError, resolve_model
+
+    api_key = server_cfg.api_key or os.environ.get("PAGEFLEET_API_KEY") or None
+    try:
+        chat_template = load_chat_template(server_cfg.chat_template)
+        if engine_cfg.model is None:
+            from pagefleet.server.testing import demo_model_path
+
+            model_dir = demo_model_path()
+            served = server_cfg.served_model_name or DEMO_MODEL
+            log.warning("no MODEL given: serving the built-in demo model %r (tiny, random "
+                        "weights) from %s", served, model_dir)
+        else:
+            model_dir = resolve_model(engine_cfg.model, engine_cfg.revision)
+            served = server_cfg.served_model_name or engine_cfg.model
+        if engine_cfg.tokenizer:
+            engine_cfg.tokenizer = str(resolve_model(engine_cfg.tokenizer, engine_cfg.revision,
+                                                     what="tokenizer"))
+        from pagefleet.server.engine.engine import LLMEngine
+
+        engine = LLMEngine(engine_cfg, model_dir)
+    except (ConfigError, ModelNotFoundError) as e:
+        print(f"pagefleet serve: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+
+    import uvicorn
+
+    from pagefleet.server.api.app import build_app
+
+    app = build_app(engine, engine_cfg, server_cfg, served_model_name=served,
+                    model_root=str(engine_cfg.model or model_dir), api_key=api_key,
+                    chat_template=chat_template)
+    config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port,
+                            log_level=server_cfg.uvicorn_log_level, lifespan="on",
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = _make_server(config, app.state.async_engine, server_cfg.shutdown_timeout)
+    log.info("starting on http://%s:%d (API key %s)", server_cfg.host, server_cfg.port,
+             "required" if api_key else "not required")
+    try:
+        server.run()
+    except KeyboardInterrupt:  # pragma: no cover - forced exit
+        return 130
+    if not server.started:
+        return 1
+    log.info("stopped")
+    return 0
