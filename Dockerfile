@@ -1,0 +1,76 @@
+# syntax=docker/dockerfile:1
+# Two images from one file:
+#   docker build --target server   -t ghcr.io/pagefleet/pagefleet:0.1.0 .
+#   docker build --target operator -t ghcr.io/pagefleet/pagefleet-operator:0.1.0 .
+# Versions are pinned (base image and every Python dependency) so a rebuild gives the
+# same server: a silent transformers/tokenizers upgrade changes chat templates and
+# tokenization (seed reports 002, 003). Bump them here, on purpose, with the tests.
+
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+# ---------------------------------------------------------------- base
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# A fixed non-root uid/gid (the chart's securityContext runs as 10001).
+RUN groupadd --system --gid 10001 pagefleet \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /home/pagefleet --create-home pagefleet
+WORKDIR /opt/pagefleet/src
+
+# ---------------------------------------------------------------- operator
+# Slim: kopf and the Kubernetes client, no torch.
+FROM base AS operator
+RUN pip install \
+      "pyyaml==6.0.4" \
+      "kopf==1.45.2" \
+      "kubernetes==37.0.2" \
+      "prometheus-client==0.26.0" \
+      "aiohttp==3.14.5"
+COPY pyproject.toml README.md ./
+COPY server/ server/
+COPY operator/ operator/
+RUN pip install --no-deps . \
+ && pagefleet crd > /dev/null
+USER 10001:10001
+# kopf's liveness endpoint (the chart's livenessProbe).
+EXPOSE 8080
+ENTRYPOINT ["pagefleet", "operator"]
+
+# ---------------------------------------------------------------- server
+# PyPI's Linux torch wheel is the CUDA build: it brings the CUDA runtime, cuBLAS,
+# cuDNN, NCCL and triton as nvidia-* wheels; the node provides only the driver.
+FROM base AS server
+ARG TORCH_VERSION=2.13.0
+RUN pip install \
+      "torch==${TORCH_VERSION}" \
+      "transformers==5.24.0" \
+      "tokenizers==0.23.3" \
+      "safetensors==0.8.0" \
+      "huggingface_hub==2.4.0" \
+      "jinja2==3.1.6" \
+      "fastapi==0.165.0" \
+      "uvicorn==0.54.0" \
+      "pydantic==2.14.4" \
+      "prometheus-client==0.26.0" \
+      "httpx==0.28.1" \
+      "pyyaml==6.0.4"
+COPY pyproject.toml README.md ./
+COPY server/ server/
+COPY operator/ operator/
+# The built-in demo model (tiny, random weights, CPU-friendly) is baked in, so
+# `pagefleet serve` without a MODEL starts offline, and e2e ModelDeployments can say
+# model: /opt/pagefleet/models/demo.
+ENV PAGEFLEET_CACHE=/opt/pagefleet/cache \
+    HF_HOME=/models/hf-cache
+RUN pip install --no-deps . \
+ && mkdir -p /opt/pagefleet/models /models/hf-cache \
+ && python -c "import os; from pagefleet.server.testing import demo_model_path; os.symlink(demo_model_path(), '/opt/pagefleet/models/demo')" \
+ && chown -R 10001:10001 /models/hf-cache
+# Downloaded weights live here; mount a PersistentVolumeClaim (spec.modelCache) so
+# restarts and new replicas skip the download.
+VOLUME ["/models/hf-cache"]
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["pagefleet", "serve"]

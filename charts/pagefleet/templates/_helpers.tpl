@@ -1,0 +1,127 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "pagefleet.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped name of the operator's objects. */}}
+{{- define "pagefleet.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s-operator" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pagefleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pagefleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "pagefleet.labels" -}}
+{{ include "pagefleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Labels of monitoring objects (not operator pods: no component=operator). */}}
+{{- define "pagefleet.monitoringLabels" -}}
+app.kubernetes.io/name: {{ include "pagefleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: monitoring
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pagefleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pagefleet.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pagefleet.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "pagefleet.serverImage" -}}
+{{- printf "%s:%s" .Values.serverImage.repository (default .Chart.AppVersion .Values.serverImage.tag) -}}
+{{- end -}}
+
+{{/* Fail early on combinations the schema cannot express. */}}
+{{- define "pagefleet.validate" -}}
+{{- if and .Values.rbac.namespaced (not .Values.operator.watchNamespaces) -}}
+{{- fail "rbac.namespaced=true needs operator.watchNamespaces (the namespaces to create Roles in)" -}}
+{{- end -}}
+{{- if .Values.rbac.namespaced -}}
+{{- range .Values.operator.watchNamespaces -}}
+{{- if contains "*" . -}}
+{{- fail (printf "rbac.namespaced=true needs exact namespace names, not the pattern %q (a Role cannot be created in it)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.peering.enabled) -}}
+{{- fail "operator.replicas > 1 needs peering.enabled=true (otherwise every replica acts)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+RBAC rules for namespaced resources: exactly the calls the operator makes
+(operator/controller.py, operator/handlers.py) and kopf makes for it. No wildcards.
+See docs/deploy.md for the reason of each rule.
+*/}}
+{{- define "pagefleet.namespacedRules" -}}
+# kopf: list+watch the ModelDeployments, patch them (finalizer, progress annotations).
+- apiGroups: ["pagefleet.dev"]
+  resources: ["modeldeployments"]
+  verbs: ["list", "watch", "patch"]
+# controller.write_status: status subresource.
+- apiGroups: ["pagefleet.dev"]
+  resources: ["modeldeployments/status"]
+  verbs: ["patch"]
+# controller.apply / cleanup / evaluate (scale): the children of a ModelDeployment.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch", "delete"]
+# controller.evaluate: find the server pods to scrape their /metrics.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# Events on ModelDeployments (scales, invalid specs; kopf's warnings).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{- define "pagefleet.peeringRules" -}}
+{{- if .Values.peering.enabled }}
+# kopf peering: handlers.ensure_peering gets/creates the object, kopf watches it and
+# patches its own presence into it.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ if .Values.operator.watchNamespaces }}"kopfpeerings"{{ else }}"clusterkopfpeerings"{{ end }}]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end }}
+{{- end -}}
+
+{{/* Cluster-scoped reads kopf needs in every mode. */}}
+{{- define "pagefleet.clusterRules" -}}
+# kopf: observe CRDs (discovery of the ModelDeployment resource as it appears).
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.operator.watchNamespaces }}
+# kopf: resolve the watched namespaces (patterns like team-*) when not cluster-wide.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end -}}
