@@ -1,0 +1,92 @@
+"""Pure: per-request results -> vLLM-style summary figures and the printed report."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    error: str = ""
+    status: int | None = None
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0                     # seconds
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0                  # end-to-end, seconds
+    start: float = 0.0
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _dist(name: str, values_s: list[float]) -> dict:
+    ms = [v * 1000.0 for v in values_s]
+    return {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
+            f"median_{name}_ms": statistics.median(ms) if ms else 0.0,
+            f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0,
+            f"p99_{name}_ms": _pct(ms, 99)}
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.success]
+    total_in = sum(r.prompt_len for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.success:
+            key = str(r.status) if r.status else (r.error.split(":")[0] or "error")
+            errors[key] = errors.get(key, 0) + 1
+    out = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors_by_status": errors,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "output_throughput": total_out / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_in + total_out) / duration if duration > 0 else 0.0,
+    }
+    out.update(_dist("ttft", [r.ttft for r in ok]))
+    out.update(_dist("tpot", tpots))
+    out.update(_dist("itl", [x for r in ok for x in r.itl]))
+    out.update(_dist("e2el", [r.latency for r in ok]))
+    return out
+
+
+def format_report(s: dict) -> str:
+    def row(label: str, value, fmt: str = "{:<10.2f}") -> str:
+        v = fmt.format(value) if isinstance(value, float) else str(value)
+        return f"{label:<40} {v}"
+
+    lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="="),
+             row("Successful requests:", s["completed"]),
+             row("Failed requests:", s["failed"]),
+             row("Benchmark duration (s):", s["duration"]),
+             row("Total input tokens:", s["total_input_tokens"]),
+             row("Total generated tokens:", s["total_output_tokens"]),
+             row("Request throughput (req/s):", s["request_throughput"]),
+             row("Output token throughput (tok/s):", s["output_throughput"]),
+             row("Total Token throughput (tok/s):", s["total_token_throughput"])]
+    for key, title in (("ttft", "Time to First Token"),
+                       ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        lines.append("{s:{c}^50}".format(s=f" {title} ", c="-"))
+        for stat in ("mean", "median", "p99"):
+            lines.append(row(f"{stat.capitalize() if stat != 'p99' else 'P99'} "
+                             f"{key.upper()} (ms):", s[f"{stat}_{key}_ms"]))
+    if s["errors_by_status"]:
+        lines.append(row("Errors:", ", ".join(f"{k}: {v}" for k, v in
+                                              sorted(s["errors_by_status"].items()))))
+    lines.append("=" * 50)
+    return "\n".join(lines)
