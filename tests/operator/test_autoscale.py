@@ -1,0 +1,155 @@
+"""Table tests of the pure autoscaler (HPA semantics on the waiting queue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagefleet.operator.autoscale import (
+    PodSample,
+    Recommendation,
+    decide,
+    metric_replicas,
+    seed_history,
+    stabilize,
+)
+from pagefleet.operator.spec import AutoscalingSpec
+
+
+def ready(*values: float | None) -> list[PodSample]:
+    return [PodSample(f"p{i}", True, v) for i, v in enumerate(values)]
+
+
+def unready(n: int, start: int = 100) -> list[PodSample]:
+    return [PodSample(f"u{start + i}", False, None) for i in range(n)]
+
+
+@pytest.mark.parametrize("samples,current,target,expected,why", [
+    (ready(14), 1, 5, 3, "ceil(14 / 5)"),
+    (ready(14), 1, 4, 4, "ceil(14 / 4)"),
+    (ready(0, 0, 0), 3, 5, 0, "empty queue: zero before clamping"),
+    (ready(2, 1, 1), 3, 5, 1, "ceil(4 / 5)"),
+    (ready(6, 5, 5), 3, 5, 3, "ratio 16/15 = 1.067 is within the 0.1 tolerance"),
+    (ready(5, 4, 4.6), 3, 5, 3, "ratio 13.6/15 = 0.907 is within the tolerance"),
+    (ready(6, 6, 5), 3, 5, 4, "ratio 17/15 = 1.133 is outside: ceil(3.4)"),
+    (ready(1.5), 1, 1, 2, "fractional targets and values"),
+    (ready(14) + unready(1), 2, 5, 3, "scale-up: the unready pod counts as 0 -> ceil(14/5)"),
+    (ready(0) + unready(2), 3, 5, 2, "scale-down: unready pods count as at target -> ceil(10/5)"),
+    (ready(0, None, None), 3, 5, 2, "failed scrapes count like unready pods"),
+    (ready(0), 3, 5, 2, "pods asked for but not created yet count as missing"),
+    (ready(4) + unready(3), 4, 5, 4, "filled ratio 19/20 within tolerance: no change"),
+    (ready(5) + unready(1), 2, 5, 2, "ratio exactly 1 with missing pods: no change"),
+    (unready(3), 3, 5, 3, "no metrics at all: no change (HPA does nothing)"),
+    (ready(None, None), 2, 5, 2, "every scrape failed: no change"),
+    ([], 0, 5, 0, "nothing to measure"),
+])
+def test_metric_replicas(samples: list[PodSample], current: int, target: float, expected: int, why: str) -> None:
+    assert metric_replicas(samples, current, target) == expected, why
+
+
+POLICY = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4, target_waiting_requests=5,
+                         scale_up_stabilization_seconds=0, scale_down_stabilization_seconds=300,
+                         interval_seconds=15)
+
+
+@pytest.mark.parametrize("samples,current,expected,reason", [
+    (ready(14), 1, 3, "scaled 1 -> 3: 14 waiting, target 5 per replica"),
+    (ready(100), 2, 4, "scaled 2 -> 4: 100 waiting, target 5 per replica (capped at maxReplicas 4)"),
+    (ready(0), 1, 1, "holding 1: 0 waiting, target 5 per replica (floored at minReplicas 1)"),
+    (ready(0), 7, 4, "scaled 7 -> 4: 0 waiting"),  # maxReplicas lowered under the fleet
+    (ready(14) + unready(1), 2, 3, "scaled 2 -> 3: 14 waiting, target 5 per replica; 1 pod(s) not reporting"),
+])
+def test_decide_clamps_and_explains(samples: list[PodSample], current: int, expected: int, reason: str) -> None:
+    d = decide(samples, current, (), POLICY, now=1000.0)
+    assert d.replicas == expected
+    assert d.reason.startswith(reason)
+
+
+def test_stabilize_semantics() -> None:
+    h = (Recommendation(0, 3), Recommendation(100, 2))
+    # Scale-down takes the highest recommendation inside the window.
+    assert stabilize(3, 1, h, 200, 0, 300)[0] == 3
+    assert stabilize(3, 1, h, 350, 0, 300)[0] == 2
+    assert stabilize(3, 1, h, 401, 0, 300)[0] == 1
+    # Scale-up takes the lowest recommendation inside its window (0: at once).
+    assert stabilize(1, 4, h, 200, 0, 300)[0] == 4
+    assert stabilize(1, 4, (Recommendation(195, 1),), 200, 10, 300)[0] == 1
+    assert stabilize(1, 4, (Recommendation(185, 1),), 200, 10, 300)[0] == 4
+    # History is pruned to the longest window and gains this recommendation.
+    _, new = stabilize(3, 1, h, 350, 0, 300)
+    assert new == (Recommendation(100, 2), Recommendation(350, 1))
+
+
+class Fleet:
+    """Drives decide() over time like the operator's loop: the Deployment follows
+    each decision, every pod is ready and reports an equal share of the queue."""
+
+    def __init__(self, policy: AutoscalingSpec, replicas: int = 1, t0: float = 0.0) -> None:
+        self.policy = policy
+        self.replicas = replicas
+        self.history = seed_history(replicas, t0)
+        self.changes: list[tuple[float, int, int]] = []
+
+    def step(self, t: float, waiting: float) -> int:
+        share = waiting / self.replicas if self.replicas else 0.0
+        d = decide(ready(*[share] * self.replicas), self.replicas, self.history, self.policy, t)
+        self.history = d.history
+        if d.replicas != self.replicas:
+            self.changes.append((t, self.replicas, d.replicas))
+            self.replicas = d.replicas
+        return self.replicas
+
+
+def test_scale_up_is_immediate() -> None:
+    fleet = Fleet(POLICY)
+    assert fleet.step(15, 14) == 3
+    assert fleet.changes == [(15, 1, 3)]
+
+
+def test_scale_up_waits_for_its_window_when_set() -> None:
+    slow_up = AutoscalingSpec(**{**POLICY.__dict__, "scale_up_stabilization_seconds": 30})
+    fleet = Fleet(slow_up)
+    # Up only once every recommendation in the last 30 s (0, 30] says so.
+    assert [fleet.step(t, 14) for t in (10, 20, 30)] == [1, 1, 3]
+    # A queue that keeps dipping inside the window never scales up.
+    fleet = Fleet(slow_up)
+    assert [fleet.step(t, w) for t, w in ((10, 14), (20, 14), (25, 0), (40, 14), (50, 14))] == [1] * 5
+
+
+def test_scale_down_waits_out_its_window() -> None:
+    fleet = Fleet(POLICY)
+    fleet.step(0, 14)  # 3 replicas, recommendation 3 at t=0
+    held = [fleet.step(t, 0) for t in range(15, 300, 15)]
+    assert held == [3] * len(held), "no scale-down inside the 300 s window"
+    assert fleet.step(300, 0) == 1, "t=0's recommendation left the window (0, 300]"
+    assert fleet.changes == [(0, 1, 3), (300, 3, 1)]
+
+
+def test_scale_down_steps_through_the_window_maximum() -> None:
+    fleet = Fleet(POLICY)
+    fleet.step(0, 20)   # 4
+    fleet.step(100, 9)  # recommends 2
+    fleet.step(200, 0)  # recommends 1
+    assert fleet.replicas == 4
+    assert fleet.step(305, 0) == 2  # t=0's 4 left the window; t=100's 2 is the maximum
+    assert fleet.step(405, 0) == 1
+
+
+def test_flapping_queue_does_not_flap_the_fleet() -> None:
+    fleet = Fleet(POLICY)
+    for i, t in enumerate(range(0, 1200, 15)):
+        fleet.step(t, 14 if i % 2 == 0 else 0)
+    assert fleet.changes == [(0, 1, 3)], "one scale-up, then held through the bursts"
+
+
+def test_jitter_inside_tolerance_does_not_flap() -> None:
+    fleet = Fleet(POLICY, replicas=3)
+    for i, t in enumerate(range(0, 900, 15)):
+        fleet.step(t, (14, 16, 15, 14.5, 15.9)[i % 5])
+    assert fleet.changes == []
+
+
+def test_restart_seeds_history_so_scale_down_still_waits() -> None:
+    # A fresh operator finds 3 replicas and an empty queue: it must not drop at once.
+    fleet = Fleet(POLICY, replicas=3, t0=0)
+    assert fleet.step(15, 0) == 3
+    assert fleet.step(301, 0) == 1

@@ -1,0 +1,177 @@
+"""The CRD: committed copies do not drift, its schema (and CEL rule) accepts the
+examples and rejects invalid ModelDeployments, in agreement with parse_spec."""
+
+from __future__ import annotations
+
+import copy
+import operator as op
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from pagefleet.operator import crd
+from pagefleet.operator.spec import SpecError, apply_defaults, parse_spec
+from pagefleet.server.cli import main as pagefleet_main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+
+
+def test_committed_crd_yaml_matches_the_generator() -> None:
+    expected = crd.crd_yaml()
+    for path in ("charts/pagefleet/crds/modeldeployment.yaml", "manifests/crd.yaml"):
+        assert (REPO / path).read_text() == expected, f"{path} drifted: run `pagefleet crd > {path}`"
+    assert (REPO / "charts/pagefleet/crds/kopf-peering.yaml").read_text() == crd.peering_crds_yaml()
+
+
+def test_pagefleet_crd_command_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pagefleet_main(["crd"]) == 0
+    out = capsys.readouterr().out
+    assert out == crd.crd_yaml()
+    assert yaml.safe_load(out) == crd.crd_manifest()
+    assert pagefleet_main(["crd", "--peering"]) == 0
+    kinds = [d["spec"]["names"]["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds == ["ClusterKopfPeering", "KopfPeering"]
+
+
+def test_crd_shape() -> None:
+    m = crd.crd_manifest()
+    spec = m["spec"]
+    assert (m["metadata"]["name"], spec["group"], spec["scope"]) == (
+        "modeldeployments.pagefleet.dev", "pagefleet.dev", "Namespaced")
+    assert spec["names"]["kind"] == "ModelDeployment" and spec["names"]["shortNames"] == ["mdep"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Model", "Replicas", "Ready", "Waiting", "Age"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"observedGeneration", "replicas", "readyReplicas", "desiredReplicas", "waitingRequests",
+            "selector", "endpoint", "lastScaleTime", "conditions"} <= status.keys()
+
+
+# --- the schema as the API server would apply it --------------------------------
+
+SCHEMA = crd.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def cel_rules(schema: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
+    """(json path of the object, rule) for every x-kubernetes-validations entry."""
+    out = [(path, rule) for rule in schema.get("x-kubernetes-validations", [])]
+    for key, sub in schema.get("properties", {}).items():
+        out += cel_rules(sub, f"{path}.{key}")
+    return out
+
+
+_CMP = {"<=": op.le, "<": op.lt, ">=": op.ge, ">": op.gt, "==": op.eq, "!=": op.ne}
+
+
+def eval_cel(rule: str, obj: dict[str, Any]) -> bool:
+    """The subset of CEL our rules use: `self.a <op> self.b`. Anything else fails
+    the test, so a new rule cannot go unchecked."""
+    m = re.fullmatch(r"self\.(\w+) (<=|<|>=|>|==|!=) self\.(\w+)", rule)
+    assert m, f"eval_cel does not understand {rule!r}; extend it"
+    return _CMP[m.group(2)](obj[m.group(1)], obj[m.group(3)])
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    """API-server-like validation: defaulting, then openAPIV3 (draft 4 semantics, as
+    Kubernetes uses), then the CEL rules. Returns the offending field paths."""
+    doc = copy.deepcopy(doc)
+    if isinstance(doc.get("spec"), dict):
+        apply_defaults(crd.spec_schema(), doc["spec"])
+    errors = [".".join(str(p) for p in e.absolute_path) or "<root>"
+              for e in jsonschema.Draft4Validator(SCHEMA).iter_errors(doc)]
+    errors = [("spec" if e == "<root>" else e) for e in errors]
+    if not errors:
+        for path, rule in cel_rules(SCHEMA["properties"]["spec"]):
+            obj: Any = doc
+            for part in path.split("."):
+                obj = obj.get(part) if isinstance(obj, dict) else None
+            if isinstance(obj, dict) and not eval_cel(rule["rule"], obj):
+                errors.append(path + rule.get("fieldPath", ""))
+    return errors
+
+
+def test_cel_rule_logic() -> None:
+    (path, rule), = cel_rules(SCHEMA["properties"]["spec"])
+    assert path == "spec.autoscaling" and rule["rule"] == crd.MIN_MAX_RULE
+    assert eval_cel(rule["rule"], {"minReplicas": 1, "maxReplicas": 4})
+    assert eval_cel(rule["rule"], {"minReplicas": 3, "maxReplicas": 3})
+    assert not eval_cel(rule["rule"], {"minReplicas": 5, "maxReplicas": 4})
+    # With defaults applied first (as the API server does) a lone minReplicas is checked too.
+    assert schema_errors({"spec": {"model": "m", "autoscaling": {"minReplicas": 6}}}) == [
+        "spec.autoscaling.minReplicas"]
+
+
+def model_deployments(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == crd.KIND]
+
+
+def test_there_are_examples() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"long-context.yaml", "short-qa.yaml", "autoscaling.yaml", "api-key.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    docs = model_deployments(path)
+    assert docs, f"{path.name} holds no ModelDeployment"
+    for doc in docs:
+        assert doc["apiVersion"] == crd.API_VERSION
+        assert schema_errors(doc) == []
+        parse_spec(doc)  # and the operator agrees
+
+
+def _with(spec_changes: dict[str, Any]) -> dict[str, Any]:
+    doc = model_deployments(REPO / "manifests/examples/long-context.yaml")[0]
+    doc = copy.deepcopy(doc)
+    for dotted, value in spec_changes.items():
+        obj = doc["spec"]
+        *parents, last = dotted.split(".")
+        for p in parents:
+            obj = obj.setdefault(p, {})
+        if value is _DELETE:
+            obj.pop(last, None)
+        else:
+            obj[last] = value
+    return doc
+
+
+_DELETE = object()
+
+INVALID = [
+    ({"engine.gpuMemoryUtilization": 1.5}, "spec.engine.gpuMemoryUtilization"),
+    ({"engine.gpuMemoryUtilization": 0}, "spec.engine.gpuMemoryUtilization"),
+    ({"model": _DELETE}, "spec.model"),
+    ({"model": ""}, "spec.model"),
+    ({"engine.maxModelLen": 0}, "spec.engine.maxModelLen"),
+    ({"engine.blockSize": 24}, "spec.engine.blockSize"),
+    ({"engine.kvCacheDtype": "int3"}, "spec.engine.kvCacheDtype"),
+    ({"engine.schedulingPolicy": "lifo"}, "spec.engine.schedulingPolicy"),
+    ({"replicas": -1}, "spec.replicas"),
+    ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling.minReplicas"),
+    ({"autoscaling": {"targetWaitingRequests": 0}}, "spec.autoscaling.targetWaitingRequests"),
+    ({"autoscaling": {"intervalSeconds": 0}}, "spec.autoscaling.intervalSeconds"),
+    ({"autoscaling": {"metric": "has spaces"}}, "spec.autoscaling.metric"),
+    ({"resources.memory": "lots"}, "spec.resources.memory"),
+    ({"resources.gpus": -1}, "spec.resources.gpus"),
+    ({"apiKeySecretRef": {"key": "k"}}, "spec.apiKeySecretRef.name"),
+    ({"modelCache": {"mountPath": "/x"}}, "spec.modelCache.claimName"),
+]
+
+
+@pytest.mark.parametrize("changes,field", INVALID, ids=[f for _, f in INVALID])
+def test_schema_and_operator_reject_the_same_field(changes: dict[str, Any], field: str) -> None:
+    doc = _with(changes)
+    errors = schema_errors(doc)
+    # jsonschema reports 'required' at the parent; normalise to the missing field.
+    assert field in errors or any(field.rsplit(".", 1)[0] == e for e in errors), errors
+    with pytest.raises(SpecError) as e:
+        parse_spec(doc)
+    assert e.value.field == field

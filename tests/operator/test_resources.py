@@ -1,0 +1,263 @@
+"""Table tests of the pure renderer: spec -> Deployment, Service, PDB."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from pagefleet.operator import resources
+from pagefleet.operator.spec import parse_spec
+from pagefleet.server.cli import build_configs
+from pagefleet.server.config import ServerConfig
+
+UID = "0b0e7c54-5a4e-4c8e-9a59-1d7f8f0f5e11"
+
+
+def cr(spec: dict[str, Any], name: str = "qwen", uid: str | None = UID) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ml"}
+    if uid:
+        meta["uid"] = uid
+    return {"apiVersion": "pagefleet.dev/v1alpha1", "kind": "ModelDeployment", "metadata": meta,
+            "spec": {"model": "Qwen/Qwen2.5-7B-Instruct", **spec}}
+
+
+def render(spec: dict[str, Any], replicas: int = 1, **kw: Any) -> dict[str, Any]:
+    return resources.deployment(parse_spec(cr(spec, **kw)), replicas)
+
+
+def container(dep: dict[str, Any]) -> dict[str, Any]:
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(dep: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container(dep)["env"]}
+
+
+FULL_ENGINE = {"maxModelLen": 32768, "gpuMemoryUtilization": 0.85, "maxNumSeqs": 16,
+               "maxNumBatchedTokens": 8192, "blockSize": 32, "enablePrefixCaching": False,
+               "enableChunkedPrefill": True, "kvCacheDtype": "fp8", "dtype": "bfloat16",
+               "schedulingPolicy": "priority"}
+
+
+def test_args_start_with_model_and_listener() -> None:
+    args = container(render({"servedModelName": "qwen2.5-7b"}))["args"]
+    assert args == ["Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen2.5-7b",
+                    "--host", "0.0.0.0", "--port", "8000"]
+
+
+def test_served_model_name_defaults_to_model() -> None:
+    args = container(render({}))["args"]
+    assert args[1:3] == ["--served-model-name", "Qwen/Qwen2.5-7B-Instruct"]
+
+
+def test_every_engine_field_is_rendered_with_the_server_flag() -> None:
+    args = container(render({"engine": {**FULL_ENGINE, "extraArgs": ["--enforce-eager", "--seed", "7"]}}))["args"]
+    assert args[7:] == ["--max-model-len", "32768", "--gpu-memory-utilization", "0.85",
+                        "--max-num-seqs", "16", "--max-num-batched-tokens", "8192", "--block-size", "32",
+                        "--no-enable-prefix-caching", "--enable-chunked-prefill", "--kv-cache-dtype", "fp8",
+                        "--dtype", "bfloat16", "--scheduling-policy", "priority",
+                        "--enforce-eager", "--seed", "7"]
+
+
+def test_rendered_args_parse_back_into_the_same_server_config() -> None:
+    """The contract with `pagefleet serve`: its own parser reads our args back."""
+    args = container(render({"servedModelName": "q", "engine": {**FULL_ENGINE, "extraArgs": ["--enforce-eager"]}}))["args"]
+    engine, server, _ = build_configs(args)
+    assert (engine.model, server.served_model_name, server.host, server.port) == (
+        "Qwen/Qwen2.5-7B-Instruct", "q", "0.0.0.0", resources.PORT)
+    assert (engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
+            engine.max_num_batched_tokens, engine.block_size, engine.enable_prefix_caching,
+            engine.enable_chunked_prefill, engine.kv_cache_dtype, engine.dtype,
+            engine.scheduling_policy, engine.enforce_eager) == (
+        32768, 0.85, 16, 8192, 32, False, True, "fp8", "bfloat16", "priority", True)
+
+
+def test_unset_engine_fields_keep_server_defaults() -> None:
+    args = container(render({"engine": {"maxNumSeqs": 96}}))["args"]
+    assert "--max-model-len" not in args and "--gpu-memory-utilization" not in args
+    engine, _, _ = build_configs(args)
+    assert engine.max_num_seqs == 96 and engine.gpu_memory_utilization == 0.9
+
+
+@pytest.mark.parametrize("gpus,cpu,memory,requests,limits", [
+    (1, None, None, {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"}),
+    (2, "8", "48Gi", {"nvidia.com/gpu": "2", "cpu": "8", "memory": "48Gi"},
+     {"nvidia.com/gpu": "2", "memory": "48Gi"}),
+    (0, "4", "16Gi", {"cpu": "4", "memory": "16Gi"}, {"memory": "16Gi"}),
+])
+def test_resources(gpus: int, cpu: str | None, memory: str | None, requests: dict[str, str],
+                   limits: dict[str, str]) -> None:
+    spec = {"resources": {"gpus": gpus, **({"cpu": cpu} if cpu else {}), **({"memory": memory} if memory else {})}}
+    res = container(render(spec))["resources"]
+    assert res.get("requests") == requests
+    assert res.get("limits") == limits
+
+
+def test_gpu_default_and_toleration() -> None:
+    dep = render({})
+    assert container(dep)["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        dep["spec"]["template"]["spec"]["tolerations"]
+    assert "tolerations" not in render({"resources": {"gpus": 0}})["spec"]["template"]["spec"]
+    own = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "h200", "effect": "NoSchedule"}]
+    assert render({"tolerations": own})["spec"]["template"]["spec"]["tolerations"] == own
+
+
+def test_shm_is_a_memory_empty_dir() -> None:
+    dep = render({"resources": {"shmSize": "8Gi"}})
+    pod = dep["spec"]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(dep)["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in \
+        render({})["spec"]["template"]["spec"]["volumes"]
+
+
+def test_model_cache_pvc_mounts_where_hf_home_points() -> None:
+    dep = render({"modelCache": {"claimName": "hf-cache", "mountPath": "/cache/hf"}})
+    pod = dep["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache", "readOnly": False}} \
+        in pod["volumes"]
+    mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "model-cache")
+    assert mount["mountPath"] == "/cache/hf"
+    assert env_of(dep)["HF_HOME"] == {"name": "HF_HOME", "value": "/cache/hf"}
+    # Default mount path, and nothing at all without a cache.
+    assert env_of(render({"modelCache": {"claimName": "c"}}))["HF_HOME"]["value"] == "/models/hf-cache"
+    bare = render({})
+    assert "HF_HOME" not in env_of(bare)
+    assert [v["name"] for v in bare["spec"]["template"]["spec"]["volumes"]] == ["dshm"]
+
+
+def test_api_key_comes_from_the_secret_never_from_args() -> None:
+    dep = render({"apiKeySecretRef": {"name": "qwen-key"}})
+    assert env_of(dep)["PAGEFLEET_API_KEY"] == {
+        "name": "PAGEFLEET_API_KEY", "valueFrom": {"secretKeyRef": {"name": "qwen-key", "key": "api-key"}}}
+    assert "--api-key" not in container(dep)["args"]
+    assert "PAGEFLEET_API_KEY" not in env_of(render({}))
+
+
+def test_user_env_is_appended_but_cannot_replace_managed_vars() -> None:
+    dep = render({"apiKeySecretRef": {"name": "k", "key": "token"},
+                  "env": [{"name": "HF_HUB_OFFLINE", "value": "1"},
+                          {"name": "PAGEFLEET_API_KEY", "value": "leaked"}]})
+    env = env_of(dep)
+    assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "1"}
+    assert env["PAGEFLEET_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "k", "key": "token"}
+
+
+def test_probes_are_on_health_and_sized_for_slow_loads() -> None:
+    c = container(render({}))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "a model load may take many minutes"
+    live = c["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60, "a busy server is not restarted quickly"
+    assert live["timeoutSeconds"] >= 5
+    assert c["readinessProbe"]["periodSeconds"] <= live["periodSeconds"]
+
+
+def test_draining_prestop_and_grace_period() -> None:
+    dep = render({})
+    c = container(dep)
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert sleep > 0
+    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    shutdown = ServerConfig().shutdown_timeout
+    assert grace > sleep + shutdown, "preStop plus the server's shutdown timeout fit in the grace period"
+
+
+def test_rollout_never_reduces_capacity() -> None:
+    spec = render({})["spec"]
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert spec["progressDeadlineSeconds"] >= 30 * 60
+
+
+def test_labels_selectors_and_ports_line_up() -> None:
+    s = parse_spec(cr({}))
+    dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s)
+    selector = dep["spec"]["selector"]["matchLabels"]
+    template_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= template_labels.items()
+    assert svc["spec"]["selector"] == selector == pdb["spec"]["selector"]["matchLabels"]
+    assert selector == {"pagefleet.dev/model-deployment": "qwen", "app.kubernetes.io/component": "server"}
+    assert resources.selector_string("qwen") == \
+        "app.kubernetes.io/component=server,pagefleet.dev/model-deployment=qwen"
+    assert dep["spec"]["replicas"] == 2
+    assert container(dep)["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
+    for obj in (dep, svc, pdb):
+        assert obj["metadata"]["name"] == "qwen" and obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "pagefleet-operator"
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert (ann["prometheus.io/port"], ann["prometheus.io/path"]) == ("8000", "/metrics")
+
+
+def test_owner_references() -> None:
+    s = parse_spec(cr({}))
+    for obj in (resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s)):
+        assert obj["metadata"]["ownerReferences"] == [{
+            "apiVersion": "pagefleet.dev/v1alpha1", "kind": "ModelDeployment", "name": "qwen",
+            "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+    assert "ownerReferences" not in render({}, uid=None)["metadata"], "no uid, no (invalid) reference"
+
+
+def test_scheduling_fields_pass_through() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}]}}}
+    pod = render({"nodeSelector": {"pool": "gpu"}, "affinity": affinity,
+                  "priorityClassName": "inference"})["spec"]["template"]["spec"]
+    assert (pod["nodeSelector"], pod["affinity"], pod["priorityClassName"]) == ({"pool": "gpu"}, affinity, "inference")
+    bare = render({})["spec"]["template"]["spec"]
+    assert not {"nodeSelector", "affinity", "priorityClassName"} & bare.keys()
+
+
+@pytest.mark.parametrize("spec,live,expected", [
+    ({"replicas": 3}, None, 3),
+    ({"replicas": 3}, 5, 3),                                             # spec.replicas rules
+    ({"replicas": 3, "autoscaling": {"enabled": True, "minReplicas": 2}}, None, 2),
+    ({"replicas": 3, "autoscaling": {"enabled": True, "maxReplicas": 6}}, 5, 5),  # keep the autoscaler's
+    ({"autoscaling": {"enabled": True, "maxReplicas": 2}}, 5, 2),        # new bounds clamp it
+    ({"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 3}}, 1, 2),
+    ({"replicas": 0}, 2, 0),
+])
+def test_initial_replicas(spec: dict[str, Any], live: int | None, expected: int) -> None:
+    assert resources.initial_replicas(parse_spec(cr(spec)), live) == expected
+
+
+def test_merge_patch_removes_only_what_we_applied_before() -> None:
+    previous = {"spec": {"a": 1, "b": {"c": 2, "d": 3}, "gone": True}}
+    desired = {"spec": {"a": 2, "b": {"c": 2}, "new": [1]}}
+    assert resources.merge_patch(previous, desired) == {
+        "spec": {"a": 2, "b": {"c": 2, "d": None}, "new": [1], "gone": None}}
+    assert resources.merge_patch(None, desired) == desired
+
+
+def test_apply_patch_drops_a_removed_node_selector() -> None:
+    s1 = parse_spec(cr({"nodeSelector": {"pool": "gpu"}}))
+    live = resources.with_last_applied(resources.deployment(s1, 1))
+    live["spec"]["template"]["spec"]["schedulerName"] = "default-scheduler"  # set by the API server
+    s2 = parse_spec(cr({}))
+    patch = resources.apply_patch(live, resources.deployment(s2, 1))
+    pod_patch = patch["spec"]["template"]["spec"]
+    assert pod_patch["nodeSelector"] is None
+    assert "schedulerName" not in pod_patch, "fields we never set are left alone"
+    # Applying the patch the RFC 7386 way gives the desired template.
+    merged = _apply_merge_patch(copy.deepcopy(live), patch)
+    assert "nodeSelector" not in merged["spec"]["template"]["spec"]
+    assert merged["spec"]["template"]["spec"]["containers"] == resources.deployment(s2, 1)["spec"]["template"]["spec"]["containers"]
+
+
+def _apply_merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return patch
+    target = target if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = _apply_merge_patch(target.get(k), v)
+    return target
