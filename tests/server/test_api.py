@@ -1,0 +1,352 @@
+"""The OpenAI-compatible API against a real uvicorn server with a tiny model:
+official `openai` client, httpx and curl; error shapes; auth; request ids (issue: 1, 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.server.helpers_serve import API_KEY, ThreadServer, metric
+
+PROMPT = "The scheduler sends a batch of requests to the model"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models):
+    return tiny_models("qwen3")
+
+
+@pytest.fixture(scope="module")
+def srv(model_dir):
+    server = ThreadServer(model_dir, api_key=API_KEY, max_num_seqs=8).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return OpenAI(base_url=srv.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(srv, path, body, headers=None, **kw):
+    return httpx.post(srv.url + path, json=body, headers={**AUTH, **(headers or {})},
+                      timeout=60, **kw)
+
+
+# -- openai client -------------------------------------------------------------------
+def test_models_card(client, srv):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+    card = models[0].model_dump()
+    assert card["object"] == "model" and card["owned_by"] == "pagefleet"
+    assert card["max_model_len"] == 512 and card["root"] and isinstance(card["created"], int)
+
+
+def test_completion_greedy_matches_offline_engine(client, model_dir):
+    """Same tokens as the offline engine; generation_config.json defaults (here
+    repetition_penalty 1.05) apply only to the fields the request leaves unset."""
+    from pagefleet.server import LLM, SamplingParams
+
+    llm = LLM(model_dir, max_model_len=512, kv_cache_memory=16 << 20)
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    for extra, penalty in (({}, 1.05), ({"repetition_penalty": 1.0}, 1.0)):
+        resp = client.completions.create(**kw, extra_body={"ignore_eos": True, **extra})
+        ref = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                  repetition_penalty=penalty))[0]
+        assert resp.choices[0].text == ref.outputs[0].text
+        assert len(set(ref.outputs[0].token_ids)) >= 4
+        assert resp.choices[0].finish_reason == "length"
+        assert resp.usage.completion_tokens == 24
+        assert resp.usage.prompt_tokens == len(ref.prompt_token_ids)
+        assert resp.usage.total_tokens == 24 + len(ref.prompt_token_ids)
+
+
+def test_completion_stream_equals_non_stream(client, tokenizer):
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0.9, seed=1234,
+              extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].usage.prompt_tokens == len(tokenizer.encode(PROMPT)) == full.usage.prompt_tokens
+    # A different seed gives a different sample (the seed is really used).
+    other = client.completions.create(**{**kw, "seed": 99})
+    assert other.choices[0].text != full.choices[0].text
+
+
+def test_chat_stream_equals_non_stream_and_usage(client, tokenizer):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Tell me about the paged KV cache."}]
+    kw = dict(model="tiny", messages=messages, max_completion_tokens=25, temperature=0.8,
+              seed=7, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    assert full.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    text_prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    n_prompt = len(tokenizer.encode(text_prompt, add_special_tokens=False))
+    assert full.usage.prompt_tokens == n_prompt == chunks[-1].usage.prompt_tokens
+    assert full.usage.completion_tokens == 25 == chunks[-1].usage.completion_tokens
+    assert full.choices[0].finish_reason == "length"
+
+
+def test_chat_max_tokens_and_stop(client):
+    r = client.chat.completions.create(model="tiny", max_tokens=5, temperature=0,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    long = client.chat.completions.create(model="tiny", max_tokens=40, temperature=0,
+                                          messages=[{"role": "user", "content": "hi"}],
+                                          extra_body={"ignore_eos": True})
+    text = long.choices[0].message.content
+    stop = text[10:13]
+    assert stop.strip()
+    r = client.chat.completions.create(model="tiny", max_tokens=40, temperature=0, stop=[stop],
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].message.content
+    assert text.startswith(r.choices[0].message.content)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="tiny", max_tokens=40, temperature=0, stop=[stop], stream=True,
+        messages=[{"role": "user", "content": "hi"}], extra_body={"ignore_eos": True}))
+    assert streamed == r.choices[0].message.content
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model="tiny", max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=3, messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert item.logprob == pytest.approx(item.top_logprobs[0].logprob, abs=1e-5)
+    assert "".join(i.token for i in content) == r.choices[0].message.content
+
+
+def test_completion_prompt_forms(client, srv, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    by_text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    many = client.completions.create(model="tiny", prompt=[PROMPT, "hello world"], max_tokens=8,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in many.choices] == [0, 1]
+    assert many.choices[0].text == by_text.choices[0].text or by_text.choices[0].finish_reason == "stop"
+    assert many.usage.completion_tokens == 16
+    assert many.usage.prompt_tokens == len(ids) + len(tokenizer.encode("hello world"))
+    chunks = list(client.completions.create(model="tiny", prompt=[ids, ids[:3]], max_tokens=8,
+                                            temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert {c.choices[0].index for c in chunks} == {0, 1}
+
+
+def test_continue_final_message(srv, tokenizer):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello the"}]
+    r = post(srv, "/v1/chat/completions", {
+        "messages": messages, "max_tokens": 3, "add_generation_prompt": False,
+        "continue_final_message": True, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert text.endswith("Hello the")
+    assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode(text, add_special_tokens=False))
+
+
+# -- other endpoints ------------------------------------------------------------------
+def test_tokenize_detokenize_version_health(srv, tokenizer):
+    r = httpx.post(srv.url + "/tokenize", json={"prompt": PROMPT})
+    assert r.status_code == 200 and r.json()["tokens"] == tokenizer.encode(PROMPT)
+    assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == 512
+    r2 = httpx.post(srv.url + "/detokenize", json={"tokens": r.json()["tokens"]})
+    assert r2.json()["prompt"] == PROMPT
+    chat = httpx.post(srv.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert chat.json()["tokens"] == tokenizer.encode(text, add_special_tokens=False)
+    assert httpx.get(srv.url + "/version").json()["version"]
+    assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_request_id_echoed(srv):
+    r = post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+             headers={"X-Request-Id": "trace-abc-1"})
+    assert r.headers["x-request-id"] == "trace-abc-1"
+    assert r.json()["id"] == "cmpl-trace-abc-1"
+    r2 = post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert len(r2.headers["x-request-id"]) >= 16
+    assert httpx.get(srv.url + "/v1/models").headers["x-request-id"]          # 401 too
+    assert httpx.get(srv.url + "/health", headers={"X-Request-Id": "h1"}).headers["x-request-id"] == "h1"
+    # The same client id twice at once is fine (engine ids stay unique).
+    async def two():
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(*[c.post(srv.url + "/v1/completions", headers={
+                **AUTH, "X-Request-Id": "dup"}, json={"prompt": "hi", "max_tokens": 4})
+                for _ in range(2)])
+    assert [r.status_code for r in asyncio.run(two())] == [200, 200]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_curl_streams_sse(srv):
+    out = subprocess.run(
+        ["curl", "-sN", srv.url + "/v1/chat/completions", "-H", f"Authorization: Bearer {API_KEY}",
+         "-H", "Content-Type: application/json", "-d", json.dumps({
+             "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+             "stream": True, "ignore_eos": True})],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    events = [line[len("data: "):] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# -- errors -----------------------------------------------------------------------------
+def assert_error(r: httpx.Response, status: int, param: str | None = "__any__") -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status and err["message"]
+    if param != "__any__":
+        assert err["param"] == param, err
+    return err
+
+
+def test_auth(srv, client):
+    assert_error(httpx.get(srv.url + "/v1/models"), 401)
+    assert_error(httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+    assert_error(httpx.post(srv.url + "/v1/completions", json={"prompt": "x"},
+                            headers={"Authorization": API_KEY}), 401)       # no "Bearer"
+    assert httpx.get(srv.url + "/health").status_code == 200
+    assert httpx.get(srv.url + "/metrics").status_code == 200
+    bad = OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_context_too_long_vllm_wording(srv, client, tokenizer):
+    r = post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 600})
+    n = len(tokenizer.encode(PROMPT))
+    err = assert_error(r, 400)
+    assert err["type"] == "BadRequestError"
+    assert err["message"] == (
+        f"This model's maximum context length is 512 tokens. However, you requested {n + 600} "
+        f"tokens ({n} in the messages, 600 in the completion). Please reduce the length of the "
+        "messages or completion.")
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+        client.chat.completions.create(model="tiny", max_tokens=10,
+                                       messages=[{"role": "user", "content": "word " * 600}])
+
+
+def test_unknown_model_404(srv, client):
+    err = assert_error(post(srv, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404, "model")
+    assert err["message"] == "The model `gpt-9` does not exist."
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+BAD_REQUESTS = [
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 5}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [10**7, 1]}, "prompt"),
+    ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "priority": 3}, "priority"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 50, "max_tokens": 4}, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "stream": "maybe"}, "stream"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "no role"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                              "top_logprobs": 50}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "max_completion_tokens": -3}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "add_generation_prompt": True, "continue_final_message": True},
+     "continue_final_message"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD_REQUESTS)
+def test_bad_field_400_names_it(srv, path, body, param):
+    assert_error(post(srv, path, body), 400, param)
+
+
+def test_malformed_bodies_400(srv):
+    for raw in (b"{bad json", b"", b"[1, 2]", b'"just a string"', b"\xff\xfe"):
+        r = httpx.post(srv.url + "/v1/chat/completions", content=raw,
+                       headers={**AUTH, "Content-Type": "application/json"})
+        assert_error(r, 400)
+    assert_error(httpx.post(srv.url + "/detokenize", json={"tokens": [-1]}), 400, "tokens")
+    assert_error(httpx.post(srv.url + "/tokenize", json={}), 400)
+    assert_error(httpx.get(srv.url + "/v1/nothing-here", headers=AUTH), 404)
+
+
+def test_burst_of_bad_requests_then_still_serves(srv):
+    async def burst():
+        async with httpx.AsyncClient(timeout=60, headers=AUTH) as c:
+            reqs = [c.post(srv.url + path, json=body) for path, body, _ in BAD_REQUESTS] * 5
+            reqs += [c.post(srv.url + "/v1/completions", content=b"{" * 50) for _ in range(20)]
+            return await asyncio.gather(*reqs)
+    statuses = [r.status_code for r in asyncio.run(burst())]
+    assert all(400 <= s < 500 for s in statuses), statuses
+    r = post(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    text = srv.metrics()
+    assert metric(text, "vllm:num_requests_running") == 0
+    assert metric(text, "vllm:num_requests_waiting") == 0
+
+
+def test_metrics_names_and_buckets(srv):
+    post(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+    text = srv.metrics()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
+        metric(text, name, model_name="tiny", engine="0")
+    assert metric(text, "vllm:request_success_total", finished_reason="length") >= 1
+    assert metric(text, "vllm:generation_tokens_total") >= 4
+    assert metric(text, "vllm:cache_config_info", block_size="16",
+                  num_gpu_blocks=str(srv.engine.kv.num_blocks)) == 1
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="2560.0",model_name="tiny"}' in text
+    assert 'vllm:inter_token_latency_seconds_bucket{engine="0",le="80.0",model_name="tiny"}' in text
+    assert 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="7680.0",model_name="tiny"}' in text
