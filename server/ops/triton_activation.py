@@ -1,0 +1,35 @@
+"""SiLU-and-mul in Triton (twin: `activation.py`); rounds like the twin (silu(gate)
+rounded to the activation dtype, then the product)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, (act * up).to(dt), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x is `[..., 2 * d]` = [gate | up]; returns silu(gate) * up, `[..., d]`."""
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+    rows = x2.shape[0]
+    if rows and d:
+        block = min(triton.next_power_of_2(d), 1024)
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, d, x2.stride(0),
+                                                             BLOCK=block, num_warps=4)
+    return out

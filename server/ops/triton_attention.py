@@ -1,0 +1,338 @@
+"""Paged attention in Triton: KV-cache write, decode (split-K with a reduction pass) and
+varlen prefill over the paged cache. Same signatures as the torch twins in
+`attention.py`, which are the oracle (tests/server/test_kernels*.py).
+
+Layout: per layer `[num_blocks, block_size, num_kv_heads, head_dim]` (contiguous), a
+token at position p of a sequence in block `block_table[p // block_size]`, row
+`p % block_size`. fp8 caches (e4m3) hold `value / scale` and are dequantised on load.
+
+No kernel reads a device value back to the host, so the decode path can be captured in
+a CUDA graph: the decode grid depends only on the batch size and the block table's
+width (both static per captured graph).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Launch parameters; benchmarks/ sweeps them on the GPU, tests shrink them.
+DECODE_CONFIG = {
+    "block_n": 64,          # tokens per K/V tile
+    "num_warps": 4,
+    "num_stages": 2,
+    "partition": 256,       # tokens per split when the batch alone cannot fill the GPU
+    "target_programs": None,  # None: 2 x multiprocessor count
+}
+PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+
+_LOG2E = 1.4426950408889634
+# Triton's CPU interpreter (TRITON_INTERPRET=1, the CI path) computes bf16 `tl.dot`
+# wrongly: there the dot operands are upcast to float32 first (after the same rounding
+# the GPU path does), which leaves the tested function unchanged.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_SM_COUNT: dict[int, int] = {}
+
+
+def _target_programs(device: torch.device) -> int:
+    if DECODE_CONFIG["target_programs"] is not None:
+        return DECODE_CONFIG["target_programs"]
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return 2 * _SM_COUNT[idx]
+
+
+def _is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+# -- KV cache write ----------------------------------------------------------------------
+
+@triton.jit
+def _store_kvcache_kernel(key_ptr, value_ptr, kc_ptr, vc_ptr, slot_ptr, k_scale, v_scale,
+                          stride_kt, stride_kh, stride_vt, stride_vh,
+                          H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < H) & ((h * 0 + slot) >= 0) & (d < D)
+    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    if QUANT:
+        k = k.to(tl.float32) / k_scale
+        v = v.to(tl.float32) / v_scale
+    dst = slot * (H * D) + h * D + d
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Write K/V `[num_tokens, num_kv_heads, head_dim]` into the cache's flat slots
+    (slot -1 skipped; fp8 caches store value / scale)."""
+    n, h, d = key.shape
+    if n == 0:
+        return
+    assert key.stride(2) == 1 and value.stride(2) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    _store_kvcache_kernel[(n,)](
+        key, value, k_cache, v_cache, slot_mapping, float(k_scale), float(v_scale),
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        H=h, D=d, BLOCK_H=_pow2(h), BLOCK_D=_pow2(d), QUANT=k_cache.dtype != key.dtype, num_warps=1)
+
+
+# -- decode ------------------------------------------------------------------------------
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr):
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr,
+                   qk_scale, k_scale, v_scale, part, num_splits,
+                   stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+                   stride_cblk, stride_ctok, stride_ch,
+                   NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                   D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+                   BLOCK_N: tl.constexpr, FP8: tl.constexpr, DIRECT: tl.constexpr,
+                   F32: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    lo = sp * part
+    hi = tl.minimum(lo + part, ctx)
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    gmask = g < GROUP
+    heads = kvh * GROUP + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        tok = start + n
+        tmask = tok < hi
+        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
+        off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+        k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
+                    other=0.0)
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        s = _dot(q, tl.trans(k), F32) * qk_scale
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
+                    other=0.0)
+        if FP8:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
+        m_i = m_new
+    if DIRECT:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        o = acc / l_safe[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    else:
+        row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + sp
+        smask = gmask & ((g * 0 + lo) < ctx)
+        tl.store(ml_ptr + row * 2, m_i, mask=smask)
+        tl.store(ml_ptr + row * 2 + 1, l_i, mask=smask)
+        tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=smask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, part, num_splits,
+                          stride_ob, stride_oh,
+                          NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                          SPLITS_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    used = tl.cdiv(ctx, part)
+    s = tl.arange(0, SPLITS_PAD)
+    smask = s < used
+    row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + s
+    m = tl.load(ml_ptr + row * 2, mask=smask, other=float("-inf"))
+    l = tl.load(ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(smask, tl.exp2(m - m_max), 0.0)
+    denom = tl.sum(w * l, 0)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / denom
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty),
+             mask=d < D)
+
+
+def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.device) -> tuple[int, int]:
+    """(partition tokens, number of splits) for a decode launch. Depends only on static
+    sizes (batch, block-table width), never on device values."""
+    max_ctx = max(max_ctx, 1)
+    if batch * num_kv_heads >= _target_programs(device):
+        return max_ctx, 1
+    part = max(DECODE_CONFIG["partition"], DECODE_CONFIG["block_n"])
+    if part >= max_ctx:
+        return max_ctx, 1
+    return part, triton.cdiv(max_ctx, part)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
+    """One new token per sequence: q `[batch, num_heads, head_dim]` over its context.
+    One program serves all query heads of a KV head; long contexts are split along the
+    sequence and merged by a second pass."""
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    cfg = DECODE_CONFIG
+    block_n = cfg["block_n"]
+    block_d = max(16, _pow2(head_dim))
+    part, splits = decode_plan(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+    direct = splits == 1
+    if direct:
+        ml = acc = out   # unused
+    else:
+        ml = torch.empty(batch * num_heads * splits * 2, dtype=torch.float32, device=q.device)
+        acc = torch.empty(batch * num_heads * splits * block_d, dtype=torch.float32,
+                          device=q.device)
+    _decode_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
+        float(scale) * _LOG2E, float(k_scale), float(v_scale), part, splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
+        BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype), DIRECT=direct, F32=_INTERPRET,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if not direct:
+        _decode_reduce_kernel[(batch, num_heads)](
+            ml, acc, context_lens, out, part, splits, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d, SPLITS_PAD=_pow2(splits),
+            num_warps=4)
+    return out
+
+
+# -- prefill (varlen, over the paged cache) ------------------------------------------------
+
+@triton.jit
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
+                    qk_scale, k_scale, v_scale, num_seqs,
+                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+                    stride_cblk, stride_ctok, stride_ch,
+                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                    FP8: tl.constexpr, F32: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    # Sequence b owns tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1): enough
+    # for its rows, and found without reading anything back on the host.
+    bi = tl.arange(0, BLOCK_B)
+    cu_b = tl.load(cu_ptr + bi, mask=bi < num_seqs, other=2147483647)
+    first_tile = tl.where(bi < num_seqs, cu_b // BLOCK_M + bi, 2147483647)
+    b = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
+    q_start = tl.load(cu_ptr + b)
+    q_end = tl.load(cu_ptr + b + 1)
+    tile = pid - (q_start // BLOCK_M + b)
+    rows = q_start + tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < q_end
+    ctx = tl.load(ctx_ptr + b)
+    q_len = q_end - q_start
+    q_pos = ctx - q_len + (rows - q_start)          # absolute position of each query
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    kv_end = tl.minimum(tl.max(tl.where(rmask, q_pos, -1), 0) + 1, ctx)
+    n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for start in range(0, kv_end, BLOCK_N):
+        tok = start + n
+        tmask = tok < kv_end
+        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
+        off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+        k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
+                    other=0.0)
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        s = _dot(q, tl.trans(k), F32) * qk_scale
+        ok = (tok[None, :] <= q_pos[:, None]) & tmask[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
+                    other=0.0)
+        if FP8:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
+                            block_tables: torch.Tensor, scale: float,
+                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """Causal attention of a packed batch of new tokens over their cached context (the
+    new tokens are the last `q_len` of each sequence's `context_lens`)."""
+    total, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = context_lens.shape[0]
+    out = torch.empty_like(q)
+    if total == 0 or num_seqs == 0:
+        return out
+    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    cfg = PREFILL_CONFIG
+    block_m = cfg["block_m"]
+    grid = (total // block_m + num_seqs, num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out,
+        float(scale) * _LOG2E, float(k_scale), float(v_scale), num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=num_heads // num_kv_heads, D=head_dim, BLOCK_D=max(16, _pow2(head_dim)),
+        BS=block_size, BLOCK_M=block_m,
+        BLOCK_N=cfg["block_n"], BLOCK_B=_pow2(num_seqs), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out

@@ -1,0 +1,22 @@
+"""`TritonOps`: the model's op bundle with every op a Triton kernel (CUDA path).
+
+Import needs triton; the runner picks this class on CUDA when triton imports.
+"""
+
+from __future__ import annotations
+
+from pagefleet.server.models.decoder import Ops
+from pagefleet.server.ops import (triton_activation, triton_attention, triton_layernorm,
+                                  triton_rotary)
+
+
+class TritonOps(Ops):
+    graph_safe = True   # no op reads a device value back on the host: CUDA-graph capturable
+
+    store_kvcache = staticmethod(triton_attention.store_kvcache)
+    prefill_attention = staticmethod(triton_attention.paged_prefill_attention)
+    decode_attention = staticmethod(triton_attention.paged_decode_attention)
+    rms_norm = staticmethod(triton_layernorm.rms_norm)
+    fused_add_rms_norm = staticmethod(triton_layernorm.fused_add_rms_norm)
+    rotary_embedding = staticmethod(triton_rotary.rotary_embedding)
+    silu_and_mul = staticmethod(triton_activation.silu_and_mul)

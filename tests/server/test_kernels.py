@@ -1,0 +1,277 @@
+"""Every Triton kernel against its torch twin, on the CPU under TRITON_INTERPRET=1.
+
+Small random shapes (several sizes, GQA ratios, block sizes, prefix lengths), fresh
+inputs for every case, outputs poisoned first; error ‖out − ref‖ / ‖ref‖ within the
+tolerance of the dtype (METHOD.md): float32 1e-5, float16 2e-3, bfloat16 1e-2 (the
+interpreter rounds bf16 by truncation, the GPU to nearest; both stay inside it), fp8
+KV caches 3e-2. The GPU run at real shapes is benchmarks/gpu_bench.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from pagefleet.server.ops import activation, attention, layernorm, rotary  # noqa: E402
+from pagefleet.server.ops import (triton_activation, triton_attention,  # noqa: E402
+                                  triton_layernorm, triton_rotary)
+
+if not triton_attention._INTERPRET and not torch.cuda.is_available():
+    pytest.skip("triton kernels need TRITON_INTERPRET=1 on a machine without CUDA",
+                allow_module_level=True)
+
+DEV = "cuda" if torch.cuda.is_available() and not triton_attention._INTERPRET else "cpu"
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+FP8 = torch.float8_e4m3fn
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles small enough that the interpreter is quick and every loop runs several
+    times; a low program target so the decode split-K path is exercised."""
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "block_n", 16)
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "partition", 32)
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", 8)
+    monkeypatch.setitem(triton_attention.PREFILL_CONFIG, "block_m", 16)
+    monkeypatch.setitem(triton_attention.PREFILL_CONFIG, "block_n", 16)
+
+
+def make_cache(num_blocks, block_size, kv_heads, head_dim, kv_dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    return k.to(kv_dtype).to(DEV), v.to(kv_dtype).to(DEV)
+
+
+def block_tables_for(ctx_lens, block_size, num_blocks, rng):
+    need = [-(-c // block_size) for c in ctx_lens]
+    width = max(need)
+    pool = list(range(num_blocks))
+    rng.shuffle(pool)
+    tables, used = [], 0
+    for n in need:
+        row = pool[used:used + n]
+        used += n
+        tables.append(row + [rng.randrange(num_blocks) for _ in range(width - n)])
+    return torch.tensor(tables, dtype=torch.int32, device=DEV)
+
+
+# -- KV cache write -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float16, torch.float16),
+                                            (torch.bfloat16, torch.bfloat16),
+                                            (torch.bfloat16, FP8), (torch.float32, torch.float32)])
+@pytest.mark.parametrize("tokens,kv_heads,head_dim,block_size", [(5, 2, 16, 16), (19, 3, 32, 32)])
+def test_store_kvcache(dtype, kv_dtype, tokens, kv_heads, head_dim, block_size):
+    seed = tokens * 7 + kv_heads
+    kc, vc = make_cache(12, block_size, kv_heads, head_dim, kv_dtype, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    # K and V as strided views of one fused projection, as the model passes them.
+    qkv = torch.randn(tokens, (2 + 2 * kv_heads) * head_dim, generator=g).to(dtype).to(DEV)
+    k = qkv[:, 2 * head_dim:(2 + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (2 + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    slots = torch.randperm(12 * block_size, generator=g)[:tokens]
+    slots[::4] = -1
+    slots = slots.to(DEV)
+    ks, vs = (0.5, 2.0) if kv_dtype == FP8 else (1.0, 1.0)
+    out_k, out_v, ref_k, ref_v = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    triton_attention.store_kvcache(k, v, out_k, out_v, slots, ks, vs)
+    attention.store_kvcache(k, v, ref_k, ref_v, slots, ks, vs)
+    untouched = torch.ones(12 * block_size, dtype=torch.bool)
+    untouched[slots[slots >= 0].cpu()] = False
+    flat = lambda c: c.view(-1, kv_heads, head_dim).float().cpu()  # noqa: E731
+    assert torch.equal(flat(out_k)[untouched], flat(kc)[untouched])
+    tol = 3e-2 if kv_dtype == FP8 else 0.0
+    assert rel_err(flat(out_k), flat(ref_k)) <= tol
+    assert rel_err(flat(out_v), flat(ref_v)) <= tol
+
+
+# -- decode -------------------------------------------------------------------------------
+
+DECODE_CASES = [
+    # batch, q heads, kv heads, head_dim, block_size, context lengths
+    (1, 4, 4, 16, 16, [1]),
+    (3, 8, 2, 32, 16, [5, 40, 97]),
+    (4, 8, 1, 16, 32, [33, 64, 1, 130]),
+    (2, 14, 2, 32, 32, [70, 17]),        # group of 7, padded
+    (6, 4, 2, 16, 16, [3, 16, 17, 31, 32, 48]),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float16, torch.float16),
+                                            (torch.bfloat16, torch.bfloat16),
+                                            (torch.bfloat16, FP8), (torch.float32, torch.float32)])
+def test_decode_attention(case, dtype, kv_dtype):
+    batch, hq, hk, d, bs, ctx = case
+    rng = random.Random(hash((case[0], hq, d, bs)))
+    nb = sum(-(-c // bs) for c in ctx) + 3
+    kc, vc = make_cache(nb, bs, hk, d, kv_dtype, rng.randrange(1 << 30))
+    tables = block_tables_for(ctx, bs, nb, rng)
+    ctx_t = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    q = torch.randn(batch, hq, d, generator=g).to(dtype).to(DEV)
+    ks, vs = (0.7, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    out = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, d ** -0.5, ks, vs)
+    ref = attention.paged_decode_attention(q, kc, vc, tables, ctx_t, d ** -0.5, ks, vs)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_decode_split_and_direct_paths_agree(monkeypatch):
+    """The same batch through one split (direct) and many splits (reduction pass)."""
+    rng = random.Random(5)
+    ctx = [100, 7, 64]
+    kc, vc = make_cache(30, 16, 2, 32, torch.float16, 11)
+    tables = block_tables_for(ctx, 16, 30, rng)
+    ctx_t = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    q = torch.randn(3, 4, 32).half().to(DEV)
+    ref = attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2)
+    outs = []
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", target)
+        outs.append(triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2))
+    assert triton_attention.decode_plan(3, 2, tables.shape[1] * 16, q.device)[1] > 1
+    for out in outs:
+        assert rel_err(out, ref) <= TOL[torch.float16]
+
+
+def test_decode_padded_rows_are_zero():
+    """CUDA-graph padding rows have context 0: finite zeros, nothing read."""
+    kc, vc = make_cache(4, 16, 1, 16, torch.float16, 3)
+    tables = torch.zeros(2, 4, dtype=torch.int32, device=DEV)
+    ctx_t = torch.tensor([20, 0], dtype=torch.int32, device=DEV)
+    q = torch.randn(2, 2, 16).half().to(DEV)
+    for target in (1, 1000):
+        triton_attention.DECODE_CONFIG["target_programs"] = target
+        out = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.25)
+        assert torch.equal(out[1].float().cpu(), torch.zeros(2, 16))
+        ref = attention.paged_decode_attention(q[:1], kc, vc, tables[:1], ctx_t[:1], 0.25)
+        assert rel_err(out[:1], ref) <= TOL[torch.float16]
+
+
+# -- prefill ------------------------------------------------------------------------------
+
+PREFILL_CASES = [
+    # q heads, kv heads, head_dim, block_size, [(cached prefix, new tokens), ...]
+    (4, 4, 16, 16, [(0, 23)]),
+    (8, 2, 32, 16, [(0, 5), (16, 20), (37, 1), (0, 40)]),      # prefix hits, a decode row
+    (6, 1, 16, 32, [(32, 33), (3, 2), (64, 16)]),              # chunked prefill
+    (14, 2, 32, 32, [(0, 17), (50, 9)]),                        # group of 7
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES)
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float16, torch.float16),
+                                            (torch.bfloat16, torch.bfloat16),
+                                            (torch.bfloat16, FP8), (torch.float32, torch.float32)])
+def test_prefill_attention(case, dtype, kv_dtype):
+    hq, hk, d, bs, seqs = case
+    rng = random.Random(hash((hq, hk, d, bs, len(seqs))))
+    ctx = [p + n for p, n in seqs]
+    nb = sum(-(-c // bs) for c in ctx) + 2
+    kc, vc = make_cache(nb, bs, hk, d, kv_dtype, rng.randrange(1 << 30))
+    tables = block_tables_for(ctx, bs, nb, rng)
+    cu = [0]
+    for _, n in seqs:
+        cu.append(cu[-1] + n)
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    q = torch.randn(cu[-1], hq, d, generator=g).to(dtype).to(DEV)
+    args = (torch.tensor(cu, dtype=torch.int32, device=DEV),
+            torch.tensor(ctx, dtype=torch.int32, device=DEV), tables, d ** -0.5)
+    ks, vs = (0.7, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    out = triton_attention.paged_prefill_attention(q, kc, vc, *args, ks, vs)
+    ref = attention.paged_prefill_attention(q, kc, vc, *args, ks, vs)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+# -- norms, rotary, activation ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 96), (3, 200)])
+def test_rms_norms(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=g).to(dtype).to(DEV)
+    r = torch.randn(rows, hidden, generator=g).to(dtype).to(DEV)
+    w = (1 + 0.3 * torch.randn(hidden, generator=g)).to(dtype).to(DEV)
+    assert rel_err(triton_layernorm.rms_norm(x, w, 1e-6), layernorm.rms_norm(x, w, 1e-6)) <= TOL[dtype]
+    out, res = triton_layernorm.fused_add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_res = layernorm.fused_add_rms_norm(x, r, w, 1e-5)
+    assert rel_err(res, ref_res) <= TOL[dtype]
+    assert rel_err(out, ref_out) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_per_head_on_strided_view(dtype):
+    """Qwen3's q/k norm: a [tokens, heads, head_dim] view into the fused projection."""
+    g = torch.Generator().manual_seed(9)
+    qkv = torch.randn(5, 6 * 32, generator=g).to(dtype).to(DEV)
+    q = qkv[:, :4 * 32].view(5, 4, 32)
+    w = (1 + 0.3 * torch.randn(32, generator=g)).to(dtype).to(DEV)
+    assert rel_err(triton_layernorm.rms_norm(q, w, 1e-6), layernorm.rms_norm(q, w, 1e-6)) <= TOL[dtype]
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", [None, LLAMA3])
+@pytest.mark.parametrize("tokens,hq,hk,d", [(6, 4, 2, 32), (11, 7, 1, 16)])
+def test_rotary(dtype, scaling, tokens, hq, hk, d):
+    cs = rotary.cos_sin_cache(d, 512, 10000.0, scaling).to(DEV)
+    g = torch.Generator().manual_seed(tokens + hq)
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, generator=g).to(dtype).to(DEV)
+    q = qkv[:, :hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d:(hq + hk) * d].view(tokens, hk, d)
+    pos = torch.randint(0, 512, (tokens,), generator=g).to(DEV)
+    q1, k1 = triton_rotary.rotary_embedding(pos, q, k, cs)
+    q2, k2 = rotary.rotary_embedding(pos, q, k, cs)
+    assert rel_err(q1, q2) <= TOL[dtype] and rel_err(k1, k2) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 64), (5, 96), (2, 3, 2 * 1100)])
+def test_silu_and_mul(dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (2 * torch.randn(*shape, generator=g)).to(dtype).to(DEV)
+    assert rel_err(triton_activation.silu_and_mul(x), activation.silu_and_mul(x)) <= TOL[dtype]
+
+
+# -- the whole model on Triton ops ------------------------------------------------------------
+
+def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
+    """A tiny qwen3 (q/k norm, GQA) run end to end on TritonOps (interpreted, float32)
+    gives the torch path's greedy tokens, with prefix hits and chunked prefill."""
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.models.decoder import Ops
+    from pagefleet.server.ops.triton_ops import TritonOps
+    from tests.server.helpers import random_prompts
+
+    model_dir = tiny_models("qwen3-kernels", arch="qwen3", num_layers=2)
+    shared = random_prompts(3, [40], 512)[0]
+    prompts = [shared + t for t in random_prompts(4, [3, 21, 9], 512)] + random_prompts(5, [50], 512)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for ops in (Ops, TritonOps):
+        llm = LLM(model_dir, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32,
+                  block_size=16)
+        llm.engine.runner.set_ops(ops)
+        first = llm.generate(prompts[:1], params)
+        rest = llm.generate(prompts[1:], params)
+        outs[ops] = [o.outputs[0].token_ids for o in first + rest]
+        assert llm.stats()["prefix_cache_hits"] > 0
+        llm.engine.kv.check_whole()
+    assert outs[TritonOps] == outs[Ops]
+    assert sum(len(set(s)) for s in outs[Ops]) >= 3 * len(prompts)
