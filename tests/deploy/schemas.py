@@ -1,0 +1,98 @@
+"""Validation helpers: Kubernetes schemas (kubernetes-validate), our CRD's
+openAPIV3Schema, and a structural schema for the prometheus-operator kinds we render
+(only the fields we use, typed as monitoring.coreos.com/v1 types them)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+
+# The Kubernetes minors we promise to install on (Chart.yaml kubeVersion >= 1.27; the
+# CRD uses CEL rules with fieldPath/reason, GA in 1.30).
+KUBE_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
+PROM_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_META = {"type": "object", "required": ["name", "namespace"],
+         "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                        "namespace": {"type": "string"}, "labels": _STR_MAP, "annotations": _STR_MAP}}
+_SELECTOR = {"type": "object", "additionalProperties": False,
+             "properties": {"matchLabels": _STR_MAP, "matchExpressions": {"type": "array"}}}
+
+MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ServiceMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+            "spec": {"type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+                     "properties": {
+                         "jobLabel": {"type": "string"},
+                         "selector": _SELECTOR,
+                         "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                               "properties": {"any": {"type": "boolean"},
+                                                              "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                         "endpoints": {"type": "array", "minItems": 1, "items": {
+                             "type": "object", "additionalProperties": False,
+                             "properties": {"port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
+                                            "interval": {"type": "string", "pattern": PROM_DURATION},
+                                            "scrapeTimeout": {"type": "string", "pattern": PROM_DURATION},
+                                            "honorLabels": {"type": "boolean"}}}}}}}},
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+            "spec": {"type": "object", "additionalProperties": False, "properties": {
+                "groups": {"type": "array", "items": {
+                    "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+                    "properties": {"name": {"type": "string", "minLength": 1},
+                                   "interval": {"type": "string", "pattern": PROM_DURATION},
+                                   "rules": {"type": "array", "items": {
+                                       "type": "object", "additionalProperties": False, "required": ["expr"],
+                                       "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
+                                                      "expr": {"anyOf": [{"type": "string", "minLength": 1},
+                                                                         {"type": "integer"}]},
+                                                      "for": {"type": "string", "pattern": PROM_DURATION},
+                                                      "labels": _STR_MAP, "annotations": _STR_MAP}}}}}}}}}},
+}
+
+
+def validate_k8s(obj: dict[str, Any], version: str) -> None:
+    """Raise on an object that the Kubernetes `version` API would reject (strict: no
+    unknown fields)."""
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        jsonschema.validate(obj, MONITORING_SCHEMAS[obj["kind"]])
+        return
+    kubernetes_validate.validate(obj, version, strict=True)
+
+
+def _structural(schema: Any) -> Any:
+    """A CRD openAPIV3Schema as a JSON schema: int-or-string admits both."""
+    if isinstance(schema, dict):
+        out = {k: _structural(v) for k, v in schema.items()}
+        if out.pop("x-kubernetes-int-or-string", False):
+            out.pop("type", None)
+            pattern = out.pop("pattern", None)
+            out["anyOf"] = [{"type": "integer"}, {"type": "string", **({"pattern": pattern} if pattern else {})}]
+        for key in [k for k in out if k.startswith("x-kubernetes-")]:
+            out.pop(key)
+        return out
+    if isinstance(schema, list):
+        return [_structural(i) for i in schema]
+    return schema
+
+
+def validate_cr(obj: dict[str, Any], crd: dict[str, Any]) -> None:
+    """Validate a custom resource against its CRD's schema (as the API server would,
+    minus CEL rules, which are checked by the operator's spec parser too)."""
+    group = crd["spec"]["group"]
+    api_version, kind = obj["apiVersion"], obj["kind"]
+    assert kind == crd["spec"]["names"]["kind"], kind
+    version = next(v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == api_version)
+    schema = _structural(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    # openAPIV3 (draft 4): exclusiveMinimum is a boolean.
+    jsonschema.Draft4Validator(schema).validate(obj)
+    name = obj["metadata"]["name"]
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name

@@ -1,0 +1,375 @@
+"""The Helm chart: lint, render, every object valid for Kubernetes 1.30-1.35,
+least-privilege RBAC, values.schema.json, monitoring assets."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pagefleet.operator import crd
+from tests.deploy import render, schemas
+
+CHART = render.CHART
+# Value sets a platform team would install with; each must lint, render and validate.
+VALUE_SETS: dict[str, dict[str, str]] = {
+    "default": {},
+    "monitoring": dict(render.MONITORING_VALUES),
+    "standalone": {"peering.enabled": "false"},
+    "namespaces-cluster-rbac": {"operator.watchNamespaces": "{team-a,team-*}"},
+    "namespaced-rbac": {"rbac.namespaced": "true", "operator.watchNamespaces": "{team-a,team-b}",
+                        **render.MONITORING_VALUES},
+    "ha-debug": {"operator.replicas": "2", "operator.logLevel": "debug", "image.tag": "0.1.1",
+                 "serverImage.tag": "0.1.1", "serviceAccount.name": "pf-op",
+                 "operator.extraArgs": "{--priority=10}"},
+    "no-rbac-existing-sa": {"rbac.create": "false", "serviceAccount.create": "false",
+                            "serviceAccount.name": "my-operator"},
+}
+ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+
+
+def _render(helm_bin: str, values: dict[str, str], include_crds: bool = True) -> list[dict[str, Any]]:
+    return render.render(values, include_crds=include_crds, helm_path=helm_bin)
+
+
+def _kinds(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for o in objs:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+def _set_args(values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_lint(helm_bin: str, name: str) -> None:
+    res = subprocess.run([helm_bin, "lint", "--strict", str(CHART), *_set_args(VALUE_SETS[name])],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 chart(s) failed" in res.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_rendered_object_is_valid_kubernetes(helm_bin: str, name: str) -> None:
+    objs = _render(helm_bin, VALUE_SETS[name])
+    assert objs
+    for obj in objs:
+        for version in schemas.KUBE_VERSIONS:
+            try:
+                schemas.validate_k8s(obj, version)
+            except Exception as e:  # noqa: BLE001 - report which object and version
+                pytest.fail(f"{name}: {obj['kind']}/{obj['metadata']['name']} invalid for "
+                            f"Kubernetes {version}: {getattr(e, 'message', e)}")
+        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"):
+            assert obj["metadata"].get("namespace"), f"{obj['kind']} without a namespace"
+
+
+def test_crds_are_the_operators_own(helm_bin: str) -> None:
+    """crds/ and manifests/crd.yaml hold exactly what `pagefleet crd` prints."""
+    crds = _kinds(_render(helm_bin, {}))["CustomResourceDefinition"]
+    by_name = {c["metadata"]["name"]: c for c in crds}
+    assert by_name[crd.CRD_NAME] == crd.crd_manifest()
+    assert yaml.safe_load((render.MANIFESTS / "crd.yaml").read_text()) == crd.crd_manifest()
+    assert {n for n in by_name if n.endswith(".kopf.dev")} == {"clusterkopfpeerings.kopf.dev",
+                                                               "kopfpeerings.kopf.dev"}
+    # CRDs are not templated: a `helm template` without --include-crds has none.
+    assert "CustomResourceDefinition" not in _kinds(_render(helm_bin, {}, include_crds=False))
+
+
+def _rules(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for o in objs if o["kind"] == kind for r in o.get("rules", [])]
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+
+
+NAMESPACED_GRANTS = {
+    ("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
+    ("pagefleet.dev", "modeldeployments", "patch"), ("pagefleet.dev", "modeldeployments/status", "patch"),
+    *{(g, r, v) for g, r in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets"))
+      for v in ("get", "create", "patch", "delete")},
+    ("", "pods", "list"), ("", "events", "create"),
+}
+CRD_GRANTS = {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+              ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+
+
+def _peering(plural: str) -> set[tuple[str, str, str]]:
+    return {("kopf.dev", plural, v) for v in ("get", "list", "watch", "create", "patch")}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_rbac_has_no_wildcards_and_no_secrets(helm_bin: str, name: str) -> None:
+    objs = _render(helm_bin, VALUE_SETS[name])
+    for rule in _rules(objs, "ClusterRole") + _rules(objs, "Role"):
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key], f"wildcard in {key}: {rule}"
+        assert not rule.get("resourceNames"), rule
+        assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
+        # The API key reaches pods through secretKeyRef; the operator never reads it.
+        assert "secrets" not in rule["resources"], rule
+        assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_rbac_cluster_wide_is_exactly_what_the_operator_calls(helm_bin: str) -> None:
+    objs = _render(helm_bin, {})
+    assert _grants(_rules(objs, "ClusterRole")) == NAMESPACED_GRANTS | CRD_GRANTS | _peering("clusterkopfpeerings")
+    assert not _rules(objs, "Role")
+    (binding,) = _kinds(objs)["ClusterRoleBinding"]
+    (sa,) = _kinds(objs)["ServiceAccount"]
+    (dep,) = _kinds(objs)["Deployment"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    # Standalone: no peering rules at all.
+    standalone = _render(helm_bin, VALUE_SETS["standalone"])
+    assert _grants(_rules(standalone, "ClusterRole")) == NAMESPACED_GRANTS | CRD_GRANTS
+
+
+def test_rbac_namespaced_mode(helm_bin: str) -> None:
+    objs = _render(helm_bin, VALUE_SETS["namespaced-rbac"])
+    namespace_grants = {("", "namespaces", "list"), ("", "namespaces", "watch")}
+    assert _grants(_rules(objs, "ClusterRole")) == CRD_GRANTS | namespace_grants
+    roles = _kinds(objs)["Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _grants(role["rules"]) == NAMESPACED_GRANTS | _peering("kopfpeerings")
+    bindings = _kinds(objs)["RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    args = _kinds(objs)["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def test_operator_deployment(helm_bin: str) -> None:
+    (dep,) = _kinds(_render(helm_bin, {}))["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/pagefleet/pagefleet-operator:0.1.0"
+    assert "--server-image=ghcr.io/pagefleet/pagefleet:0.1.0" in c["args"]
+    assert "--peering=pagefleet" in c["args"] and "--standalone" not in c["args"]
+    assert not any(a.startswith("--namespace") for a in c["args"])  # all namespaces
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["livenessProbe"]["httpGet"]["port"] == "health"
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    # The args parse with the real CLI (no flag the operator does not know).
+    from pagefleet.operator.cli import operator_parser
+
+    operator_parser().parse_args(c["args"])
+    ha = _kinds(_render(helm_bin, VALUE_SETS["ha-debug"]))["Deployment"][0]
+    hc = ha["spec"]["template"]["spec"]["containers"][0]
+    assert ha["spec"]["replicas"] == 2 and "--verbose" in hc["args"] and "--priority=10" in hc["args"]
+    assert hc["image"].endswith(":0.1.1")
+    operator_parser().parse_args(hc["args"])
+    standalone = _kinds(_render(helm_bin, VALUE_SETS["standalone"]))["Deployment"][0]
+    assert "--standalone" in standalone["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert standalone["spec"]["strategy"]["type"] == "Recreate"
+
+
+BAD_VALUES = [
+    ({"operator.logLevel": "loud"}, "logLevel"),
+    ({"operator.replicas": "-1"}, "replicas"),
+    ({"operator.bogus": "1"}, "bogus"),
+    ({"image.pullPolicy": "Sometimes"}, "pullPolicy"),
+    ({"image.tag": "has space"}, "tag"),
+    ({"operator.watchNamespaces": "{Team_A}"}, "watchNamespaces"),
+    ({"monitoring.prometheusRule.kvCacheUsage.threshold": "1.5"}, "threshold"),
+    ({"monitoring.prometheusRule.ttftP99.for": "five minutes"}, "for"),
+    ({"monitoring.serviceMonitor.interval": "15"}, "interval"),
+    ({"operator.extraArgs": "{verbose}"}, "extraArgs"),
+    ({"peering.name": "Not_A_Name"}, "name"),
+    ({"rbac.namespaced": "true"}, "watchNamespaces"),                       # template check
+    ({"rbac.namespaced": "true", "operator.watchNamespaces": "{team-*}"}, "exact namespace"),
+    ({"operator.replicas": "2", "peering.enabled": "false"}, "peering"),
+    ({"serviceAccount.create": "false"}, "serviceAccount.name"),
+]
+
+
+@pytest.mark.parametrize("values,needle", BAD_VALUES, ids=[str(v) for v, _ in BAD_VALUES])
+def test_bad_values_are_rejected(helm_bin: str, values: dict[str, str], needle: str) -> None:
+    res = render.helm(*render.template_args(values), check=False, helm_path=helm_bin)
+    assert res.returncode != 0, f"accepted {values}"
+    assert needle in res.stderr, res.stderr
+
+
+def test_notes_tell_the_next_step(helm_bin: str, tmp_path: Path) -> None:
+    res = subprocess.run([helm_bin, "install", "pf", str(CHART), "--dry-run=client", "-n", "ml"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "rollout status deployment/pf-pagefleet-operator" in notes
+    assert "kubectl apply -f manifests/examples/" in notes
+    assert "monitoring.serviceMonitor.enabled=true" in notes  # monitoring is off: say how
+
+
+# ------------------------------------------------------------------- monitoring
+
+# The metrics pagefleet serves (DESIGN.md; vLLM's names). A rule or a panel on a
+# name outside this list would silently show nothing.
+SERVER_METRICS = {
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    *{f"{h}_{s}" for h in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                           "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
+      for s in ("bucket", "sum", "count")},
+    "vllm:cache_config_info",
+}
+OTHER_METRICS = {"up", "prober_probe_total"}  # Prometheus' own and the kubelet's
+
+
+def metric_names(expr: str) -> set[str]:
+    """Parse a PromQL expression (raises on a syntax error) and return its metric names."""
+    import promql_parser
+
+    grafana = {"$__rate_interval": "5m", "$namespace": ".*", "$model": ".*"}
+    for k, v in grafana.items():
+        expr = expr.replace(k, v)
+    parsed = str(promql_parser.parse(expr))
+    return set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", parsed))
+
+
+def _monitoring(helm_bin: str) -> dict[str, list[dict[str, Any]]]:
+    return _kinds(_render(helm_bin, render.MONITORING_VALUES, include_crds=False))
+
+
+def _alerts(helm_bin: str) -> dict[str, dict[str, Any]]:
+    (rule,) = _monitoring(helm_bin)["PrometheusRule"]
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_monitoring_is_off_by_default(helm_bin: str) -> None:
+    kinds = _kinds(_render(helm_bin, {}, include_crds=False))
+    assert not {"ServiceMonitor", "PrometheusRule", "ConfigMap"} & set(kinds)
+
+
+def test_alerts_are_the_ones_production_runs(helm_bin: str, tmp_path: Path) -> None:
+    """Seed report 002: KV cache > 0.95 for 2 min, p99 TTFT > 2 s for 5 min, failing
+    health checks > 5/min; seed 000: waiting > 0 for 10 s means saturated."""
+    alerts = _alerts(helm_bin)
+    kv = alerts["PagefleetKVCacheNearlyFull"]
+    assert re.search(r"vllm:kv_cache_usage_perc\{[^}]*\}\) > 0\.95$", kv["expr"]) and kv["for"] == "2m"
+    ttft = alerts["PagefleetTTFTP99High"]
+    assert "histogram_quantile(0.99" in ttft["expr"] and "vllm:time_to_first_token_seconds_bucket" in ttft["expr"]
+    assert ttft["expr"].rstrip().endswith("> 2") and ttft["for"] == "5m"
+    queue = alerts["PagefleetQueueSaturated"]
+    assert "vllm:num_requests_waiting" in queue["expr"] and queue["expr"].endswith("> 0") and queue["for"] == "10s"
+    health = alerts["PagefleetHealthChecksFailing"]
+    assert 'result="failed"' in health["expr"] and "[1m]" in health["expr"] and health["expr"].rstrip().endswith("> 5")
+    assert "up{" in alerts["PagefleetServerDown"]["expr"]
+    for name, rule in alerts.items():
+        assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+        used = metric_names(rule["expr"])
+        assert used and used <= SERVER_METRICS | OTHER_METRICS, (name, used)
+        # Go template placeholders survived Helm's own templating.
+        assert "{{ $labels." in rule["annotations"]["summary"] + rule["annotations"]["description"], name
+    # Thresholds are values.
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"monitoring": {"prometheusRule": {
+        "enabled": True, "kvCacheUsage": {"threshold": 0.9}, "ttftP99": {"for": "10m"}}}}))
+    tuned = _kinds(render.render(include_crds=False, helm_path=helm_bin, values_files=[values]))
+    rules = {r["alert"]: r for g in tuned["PrometheusRule"][0]["spec"]["groups"] for r in g["rules"]}
+    assert rules["PagefleetKVCacheNearlyFull"]["expr"].endswith("> 0.9")
+    assert rules["PagefleetTTFTP99High"]["for"] == "10m"
+
+
+def test_servicemonitor_selects_the_operators_services(helm_bin: str) -> None:
+    from pagefleet.operator import resources
+    from pagefleet.operator.spec import parse_spec
+
+    (sm,) = _monitoring(helm_bin)["ServiceMonitor"]
+    example = next(d for d in yaml.safe_load_all((render.MANIFESTS / "examples" / "short-qa.yaml").read_text())
+                   if d and d["kind"] == crd.KIND)
+    example["metadata"]["namespace"] = "default"
+    svc = resources.service(parse_spec(example))
+    labels = svc["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert endpoint["path"] == resources.METRICS_PATH
+    # job="pagefleet" (what the rules select on) comes from this Service label.
+    assert labels[sm["spec"]["jobLabel"]] == "pagefleet"
+    assert sm["spec"]["namespaceSelector"] == {"any": True}
+    scoped = _kinds(_render(helm_bin, VALUE_SETS["namespaced-rbac"], include_crds=False))["ServiceMonitor"][0]
+    assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_dashboard(helm_bin: str) -> None:
+    (cm,) = _monitoring(helm_bin)["ConfigMap"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["pagefleet.json"])
+    assert dash == json.loads((CHART / "dashboards" / "pagefleet.json").read_text())
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("throughput", "time to first token", "inter-token", "running / waiting",
+                  "kv cache", "prefix cache hit", "preemption", "replicas"):
+        assert topic in titles, topic
+    used: set[str] = set()
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used |= metric_names(target["expr"])
+    assert used <= SERVER_METRICS | OTHER_METRICS, used - SERVER_METRICS - OTHER_METRICS
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+# ------------------------------------------------------------------- examples
+
+def _example_docs() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.name, d) for p in sorted((render.MANIFESTS / "examples").glob("*.yaml"))
+            for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_examples_validate_against_the_crd_and_kubernetes() -> None:
+    docs = _example_docs()
+    names = {n for n, _ in docs}
+    assert {"long-context.yaml", "short-qa.yaml", "autoscaling.yaml", "api-key.yaml"} <= names
+    the_crd = crd.crd_manifest()
+    for name, doc in docs:
+        if doc["kind"] == crd.KIND:
+            schemas.validate_cr(doc, the_crd)
+        else:
+            doc = dict(doc, metadata=dict(doc["metadata"], namespace="default"))
+            for version in schemas.KUBE_VERSIONS:
+                schemas.validate_k8s(doc, version)
+
+
+def test_examples_split_long_context_from_short_qa() -> None:
+    """Seed 000: a long-context deployment with few sequences, a short-QA one with
+    many; an autoscaled one; one whose key comes from a Secret."""
+    mdeps = {n: d for n, d in _example_docs() if d["kind"] == crd.KIND}
+    long_, short = mdeps["long-context.yaml"]["spec"], mdeps["short-qa.yaml"]["spec"]
+    assert long_["engine"]["maxModelLen"] >= 32768 > short["engine"]["maxModelLen"]
+    assert long_["engine"]["maxNumSeqs"] < short["engine"]["maxNumSeqs"]
+    assert mdeps["autoscaling.yaml"]["spec"]["autoscaling"]["enabled"] is True
+    secret = next(d for n, d in _example_docs() if n == "api-key.yaml" and d["kind"] == "Secret")
+    ref = mdeps["api-key.yaml"]["spec"]["apiKeySecretRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ref.get("key", "api-key") in secret.get("stringData", secret.get("data", {}))
+
+
+def test_bad_custom_resources_are_rejected_by_the_crd_schema() -> None:
+    the_crd = crd.crd_manifest()
+    good = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "x"},
+            "spec": {"model": "m", "engine": {"maxNumSeqs": 4}, "resources": {"memory": "8Gi"}}}
+    schemas.validate_cr(good, the_crd)
+    import jsonschema
+
+    for bad_spec in ({"engine": {"maxNumSeqs": 0}}, {"engine": {"blockSize": 7}},
+                     {"resources": {"memory": "lots"}}, {"model": ""}, {"replicas": -1},
+                     {"engine": {"gpuMemoryUtilization": 0}}):
+        bad = json.loads(json.dumps(good))
+        bad["spec"].update(bad_spec)
+        with pytest.raises(jsonschema.ValidationError):
+            schemas.validate_cr(bad, the_crd)
