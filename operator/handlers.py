@@ -12,6 +12,7 @@ operator.pagefleet.dev, so `.status` holds only what DESIGN.md lists.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -46,6 +47,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     settings.posting.level = logging.WARNING
     if "kube" not in memo:
         memo["kube"] = KubeClient.from_environment()
+    # Shared by every per-resource memo (they are shallow copies of this one).
+    memo["pf_exiting"] = asyncio.Event()
     if "pf_settings" not in memo:
         memo["pf_settings"] = controller.Settings(default_image=os.environ.get(IMAGE_ENV, DEFAULT_IMAGE))
     peering = memo.get("pf_peering")
@@ -76,6 +79,8 @@ async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logg
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if "pf_exiting" in memo:
+        memo["pf_exiting"].set()
     if "kube" in memo:
         await memo["kube"].close()
 
@@ -108,8 +113,14 @@ async def delete(name: str, namespace: str, memo: kopf.Memo, logger: logging.Log
 @kopf.daemon(**RESOURCE, cancellation_timeout=10)
 async def autoscaler(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
     state = _state(memo)
-    while not stopped and not state.deleting:
+    exiting: asyncio.Event = memo["pf_exiting"]
+    loop = asyncio.get_running_loop()
+    while not (stopped or state.deleting or exiting.is_set()):
         if body.metadata.get("deletionTimestamp"):
             break
         delay = await controller.safe_evaluate(memo["kube"], body, state, memo["pf_settings"])
-        await stopped.wait(delay)
+        # Sleep on kopf's stop flag (deletion, operator exit), in short steps so a
+        # daemon that kopf spawned late during shutdown also notices the exit.
+        deadline = loop.time() + delay
+        while not (stopped or exiting.is_set()) and (left := deadline - loop.time()) > 0:
+            await stopped.wait(min(left, 0.5))
