@@ -1,0 +1,178 @@
+"""Admission control, queue timeouts, client disconnects and engine death, against real
+servers (issue: 3, 4). No timing assertions: bounded polling for conditions only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.server.helpers_serve import ThreadServer, metric, wait_for
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models):
+    return tiny_models("qwen3")
+
+
+def read_events(lines, n: int) -> None:
+    """Read n SSE events from a line iterator without closing it (breaking out of a
+    `for` over httpx's iterator would close the connection, i.e. disconnect)."""
+    got = 0
+    while got < n:
+        if next(lines).startswith("data: "):
+            got += 1
+
+
+def gauges_zero(srv) -> bool:
+    text = srv.metrics()
+    return (metric(text, "vllm:num_requests_running") == 0
+            and metric(text, "vllm:num_requests_waiting") == 0
+            and metric(text, "vllm:kv_cache_usage_perc") == 0)
+
+
+def test_200_concurrent_requests_end_in_200_or_429(model_dir):
+    srv = ThreadServer(model_dir, max_num_seqs=4, max_num_queued_requests=50).start()
+    try:
+        body = {"model": "tiny", "prompt": "hello world the model", "max_tokens": 64,
+                "ignore_eos": True, "temperature": 0}
+
+        async def load():
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(timeout=300, limits=limits) as c:
+                async def one(i):
+                    if i % 2:
+                        return await c.post(srv.url + "/v1/completions", json=body)
+                    async with c.stream("POST", srv.url + "/v1/completions",
+                                        json={**body, "stream": True}) as r:
+                        await r.aread()
+                        return r
+                return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(200)]), 300)
+
+        responses = asyncio.run(load())
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) == {200, 429}, statuses
+        ok = [r for r in responses if r.status_code == 200]
+        assert 4 <= len(ok) <= 200 - 1
+        for r in responses:
+            if r.status_code == 429:
+                err = r.json()["error"]
+                assert err["type"] == "RateLimitError" and err["code"] == 429
+                assert int(r.headers["retry-after"]) >= 1
+            elif r.headers["content-type"].startswith("application/json"):
+                assert r.json()["usage"]["completion_tokens"] == 64
+            else:
+                assert r.text.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in r.text
+        # Nothing is lost: every accepted request finished, and the engine is empty.
+        wait_for(lambda: gauges_zero(srv), 60, what="gauges back to 0")
+        text = srv.metrics()
+        assert metric(text, "vllm:request_success_total", finished_reason="length") == len(ok)
+        assert metric(text, "vllm:generation_tokens_total") == 64 * len(ok)
+        srv.engine_kv_whole = srv.engine.kv.num_free_blocks == srv.engine.kv.num_blocks
+        assert srv.engine_kv_whole
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_srv(model_dir):
+    """One sequence at a time and a 1 s queue timeout: a long request blocks the rest."""
+    server = ThreadServer(model_dir, max_num_seqs=1, max_model_len=2048, queue_timeout=1.0,
+                          max_num_queued_requests=8).start()
+    yield server
+    server.stop()
+
+
+LONG = {"model": "tiny", "prompt": "hello world", "max_tokens": 1900, "ignore_eos": True,
+        "stream": True}
+
+
+def test_disconnect_mid_stream_frees_blocks(slow_srv):
+    srv = slow_srv
+    aborted_before = metric(srv.metrics(), "vllm:request_success_total", finished_reason="abort")
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()          # keep a reference: closing it disconnects
+            read_events(lines, 5)
+            text = srv.metrics()
+            assert metric(text, "vllm:num_requests_running") == 1
+            assert metric(text, "vllm:kv_cache_usage_perc") > 0
+        # Leaving the block closes the connection mid-stream.
+    wait_for(lambda: gauges_zero(srv), 60, what="blocks freed after disconnect")
+    assert metric(srv.metrics(), "vllm:request_success_total",
+                  finished_reason="abort") == aborted_before + 1
+    assert srv.engine.kv.num_free_blocks == srv.engine.kv.num_blocks
+
+
+def test_disconnect_while_queued_non_stream(slow_srv):
+    """A non-streamed request whose client leaves while it waits is aborted too."""
+    srv = slow_srv
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=60) as c:
+            async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as blocker:
+                assert blocker.status_code == 200
+                lines = blocker.aiter_lines()
+                while not (await lines.__anext__()).startswith("data: "):
+                    pass
+                waiter = asyncio.create_task(c.post(srv.url + "/v1/completions", json={
+                    **LONG, "stream": False}))
+                await asyncio.to_thread(wait_for, lambda: metric(
+                    srv.metrics(), "vllm:num_requests_waiting") == 1, 30)
+                waiter.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+                await asyncio.to_thread(wait_for, lambda: metric(
+                    srv.metrics(), "vllm:num_requests_waiting") == 0, 30)
+    asyncio.run(scenario())
+    wait_for(lambda: gauges_zero(srv), 60, what="gauges back to 0")
+
+
+def test_queue_timeout_503(slow_srv):
+    srv = slow_srv
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", srv.url + "/v1/completions", json=LONG) as blocker:
+            assert blocker.status_code == 200
+            lines = blocker.iter_lines()
+            read_events(lines, 1)
+            late = c.post(srv.url + "/v1/completions", json={**LONG, "stream": False})
+            assert late.status_code == 503, late.text
+            err = late.json()["error"]
+            assert err["type"] == "ServiceUnavailableError" and "queue-timeout" in err["message"]
+            late_stream = c.post(srv.url + "/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5, "stream": True})
+            assert late_stream.status_code == 503
+            assert late_stream.json()["error"]["code"] == 503
+    wait_for(lambda: gauges_zero(srv), 60, what="gauges back to 0")
+    assert srv.async_engine.num_queued == 0
+
+
+def test_engine_death_fails_requests_and_health(model_dir):
+    """Fault injection: the engine's step raises mid-request; nothing hangs."""
+    srv = ThreadServer(model_dir, max_num_seqs=2).start()
+    try:
+        engine = srv.engine
+        real_step = engine.step
+        calls = {"n": 0}
+
+        def failing_step():
+            calls["n"] += 1
+            if calls["n"] > 3:
+                raise RuntimeError("simulated device failure")
+            return real_step()
+
+        with httpx.Client(timeout=60) as c:
+            assert c.get(srv.url + "/health").status_code == 200
+            engine.step = failing_step
+            r = c.post(srv.url + "/v1/completions", json={**LONG, "max_tokens": 100})
+            assert "simulated device failure" in r.text and '"error"' in r.text
+            assert r.text.rstrip().endswith("data: [DONE]")
+            wait_for(lambda: c.get(srv.url + "/health").status_code == 503, 30, what="503")
+            after = c.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert after.status_code == 500 and after.json()["error"]["type"] == "InternalServerError"
+            assert metric(srv.metrics(), "vllm:request_success_total", finished_reason="error") == 1
+    finally:
+        srv.stop()
