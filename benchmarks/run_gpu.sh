@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Entry point on the device machine (run from the repository root; $OUT is the result
+# folder). pagefleet is not installed there: a symlink tree maps the import package
+# `pagefleet.server` onto server/. Arguments go to benchmarks/gpu_bench.py.
+set -o pipefail
+mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
+export PYTHONPATH=/tmp/pf:$PWD PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/pagefleet-bench}
+mkdir -p "$OUT"
+if [ -z "${PAGEFLEET_BENCH_MODEL:-}" ] && [ -d /dev/shm ]; then
+  export PAGEFLEET_BENCH_MODEL=/dev/shm/qwen2.5-7b-random
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv
+python3 benchmarks/gpu_bench.py "$@" 2>&1 | tee "$OUT/log.txt"
