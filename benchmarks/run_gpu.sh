@@ -7,8 +7,12 @@ mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
 export PYTHONPATH=/tmp/pf:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/pagefleet-bench}
 mkdir -p "$OUT"
-if [ -z "${PAGEFLEET_BENCH_MODEL:-}" ] && [ -d /dev/shm ]; then
-  export PAGEFLEET_BENCH_MODEL=/dev/shm/qwen2.5-7b-random
+# The 15 GB checkpoint goes to RAM (/dev/shm) when it has room, else to /tmp.
+if [ -z "${PAGEFLEET_BENCH_MODEL:-}" ]; then
+  shm_free=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+  if [ "${shm_free:-0}" -ge 20 ]; then export PAGEFLEET_BENCH_MODEL=/dev/shm/qwen2.5-7b-random
+  else export PAGEFLEET_BENCH_MODEL=/tmp/qwen2.5-7b-random; fi
 fi
+echo "model dir: $PAGEFLEET_BENCH_MODEL"; df -h /dev/shm /tmp | cat
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv
 python3 benchmarks/gpu_bench.py "$@" 2>&1 | tee "$OUT/log.txt"
