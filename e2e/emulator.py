@@ -1,0 +1,804 @@
+"""An emulated cluster for the e2e suite: kmock's API server plus the controllers
+and kubelet it lacks, with real processes behind every pod.
+
+What runs here, in one background thread with its own event loop:
+
+- `ApiServer` (kmock's KubernetesEmulator, extended): stamps uid, resourceVersion,
+  generation and creationTimestamp like an API server; registers a resource when its
+  CustomResourceDefinition is applied; authorizes ServiceAccount tokens against the
+  Roles/ClusterRoles and bindings stored in it (so the RBAC in manifests/ is enforced:
+  an operator call the chart does not grant gets 403, recorded in `denied`); and serves
+  the Service proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/...`) over the
+  Service's EndpointSlices, the way `kubectl proxy` users reach a Service.
+- `Kubelet`: plays the Deployment/ReplicaSet controllers and the kubelet. For each
+  Deployment it creates Pods (pod-template-hash, owner reference), runs each pod's
+  container as a real process from the image's ENTRYPOINT (read from the Dockerfile),
+  gives each pod its own loopback IP (127.0.1.N: 0.0.0.0 in args binds the pod's IP,
+  so every server keeps port 8000), probes readiness, rolls updates with the
+  Deployment's maxSurge/maxUnavailable, terminates pods like Kubernetes (endpoint
+  removal, preStop, SIGTERM, grace period, SIGKILL), and writes Deployment status.
+  It also keeps EndpointSlices for every Service (the endpointslice controller).
+
+Time is compressed in one place: a preStop `sleep N` waits at most PRESTOP_CAP_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import datetime
+import hashlib
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+from kmock._internal import apps, dicts, enums
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN_TOKEN = "e2e-admin"
+SA_PREFIX = "system:serviceaccount:"
+PRESTOP_CAP_S = 2.0
+TICK_S = 0.2
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+PROXY_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+)(?::([^/]+))?/proxy(/.*)?$")
+NAMESPACE_RE = re.compile(r"^/api/v1/namespaces(?:/([^/]+))?/?$")
+HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "content-length",
+               "te", "trailer", "upgrade", "proxy-authorization", "proxy-authenticate"}
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- images
+
+def dockerfile_entrypoints(dockerfile: Path = REPO / "Dockerfile") -> dict[str, list[str]]:
+    """stage name -> ENTRYPOINT (exec form), from the repo's Dockerfile."""
+    out: dict[str, list[str]] = {}
+    stage = ""
+    for line in dockerfile.read_text().splitlines():
+        m = re.match(r"\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.I)
+        if m:
+            stage = (m.group(1) or "").lower()
+        m = re.match(r"\s*ENTRYPOINT\s+(\[.*\])", line, re.I)
+        if m:
+            out[stage] = json.loads(m.group(1))
+    return out
+
+
+def default_images() -> dict[str, list[str]]:
+    """Image repository -> the entry point of the Dockerfile target it is built from
+    (the repositories the chart and the operator name)."""
+    eps = dockerfile_entrypoints()
+    return {"ghcr.io/pagefleet/pagefleet": eps["server"],
+            "ghcr.io/pagefleet/pagefleet-operator": eps["operator"]}
+
+
+def image_filesystem() -> dict[str, str]:
+    """Paths inside the server image -> where the same content is on this machine."""
+    from pagefleet.server.testing import demo_model_path
+
+    return {"/opt/pagefleet/models/demo": str(demo_model_path())}
+
+
+# ---------------------------------------------------------------- RBAC
+
+def _verb(request: Any) -> str | None:
+    action = request.action
+    if action == enums.action.LIST:
+        return "list"
+    if action == enums.action.WATCH:
+        return "watch"
+    if action == enums.action.FETCH:
+        return "get"
+    if action == enums.action.CREATE:
+        return "create"
+    if action == enums.action.DELETE:
+        return "delete"
+    if action == enums.action.UPDATE:
+        return "update" if request.method == enums.method.PUT else "patch"
+    return None
+
+
+def rule_allows(rule: Mapping[str, Any], group: str, resource: str, verb: str) -> bool:
+    return ((group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+            and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+            and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", [])))
+
+
+# ---------------------------------------------------------------- API server
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock's emulator with the API server behaviour the e2e path relies on."""
+
+    rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    denied: list[tuple[str, str, str, str, str | None]] = attrs.field(factory=list, init=False)  # (user, verb, group, resource, ns)
+    used: set[tuple[str, str, str, str]] = attrs.field(factory=set, init=False)  # (user, verb, group, resource)
+    proxy_session: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
+    proxy_rr: Any = attrs.field(factory=itertools.count, init=False)
+    namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()
+
+    # kmock answers /api/v1 with groupVersion "/v1"; kubectl needs "v1".
+    async def _serve_version(self, request: Any) -> Any:
+        out = await super()._serve_version(request)
+        if isinstance(out, dict) and str(out.get("groupVersion", "")).startswith("/"):
+            out["groupVersion"] = out["groupVersion"][1:]
+        return out
+
+    def _stored(self, kind_path: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            obj = self.objects[kind_path, namespace, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else dict(obj.raw)
+
+    def _list(self, kind_path: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for (res, ns, _name), obj in list(self.objects.items()):
+            if f"{res.group}/{res.version}/{res.plural}".lstrip("/") == kind_path and not obj.deleted:
+                if namespace is None or ns == namespace:
+                    out.append(dict(obj.raw))
+        return out
+
+    def _authorize(self, user: str, request: Any) -> bool:
+        res = request.resource
+        verb = _verb(request)
+        if res is None or verb is None or not res.plural:
+            return True  # discovery and other non-resource URLs
+        resource = res.plural + (f"/{request.subresource}" if request.subresource else "")
+        group = res.group or ""
+        self.used.add((user, verb, group, resource))
+        ns_name = user[len(SA_PREFIX):].split(":")
+        subject = {"kind": "ServiceAccount", "namespace": ns_name[0], "name": ns_name[1]}
+
+        def bound(binding: Mapping[str, Any]) -> bool:
+            return any(s.get("kind") == "ServiceAccount" and s.get("name") == subject["name"]
+                       and s.get("namespace") == subject["namespace"] for s in binding.get("subjects") or [])
+
+        rules: list[Mapping[str, Any]] = []
+        for b in self._list("rbac.authorization.k8s.io/v1/clusterrolebindings"):
+            if bound(b):
+                role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, b["roleRef"]["name"])
+                rules += (role or {}).get("rules") or []
+        if request.namespace:
+            for b in self._list("rbac.authorization.k8s.io/v1/rolebindings", request.namespace):
+                if bound(b):
+                    ref = b["roleRef"]
+                    if ref["kind"] == "ClusterRole":
+                        role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, ref["name"])
+                    else:
+                        role = self._stored("rbac.authorization.k8s.io/v1/roles", request.namespace, ref["name"])
+                    rules += (role or {}).get("rules") or []
+        if any(rule_allows(r, group, resource, verb) for r in rules):
+            return True
+        self.denied.append((user, verb, group, resource, request.namespace))
+        return False
+
+    def _stamp(self, request: Any) -> None:
+        """uid/resourceVersion/generation/creationTimestamp, as an API server sets them."""
+        res = request.resource
+        if res is None or not isinstance(request.data, dict):
+            return
+        if request.action == enums.action.CREATE:
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta["resourceVersion"] = str(next(self.rv))
+            meta["generation"] = 1
+            meta.setdefault("creationTimestamp", now_iso())
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+        elif request.action == enums.action.UPDATE and request.name:
+            kind_path = f"{res.group}/{res.version}/{res.plural}".lstrip("/")
+            old = self._stored(kind_path, request.namespace, request.name)
+            if old is None:
+                return
+            meta = request.data.setdefault("metadata", {})
+            if isinstance(meta, dict):
+                meta["resourceVersion"] = str(next(self.rv))
+                if request.subresource is None and "spec" in request.data:
+                    try:
+                        new = dicts.patch_dict(old, request.data)
+                    except (ValueError, TypeError):
+                        return
+                    if new.get("spec") != old.get("spec"):
+                        meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
+
+    def _register_crd(self, crd: Mapping[str, Any]) -> None:
+        spec = crd["spec"]
+        names = spec["names"]
+        for v in spec["versions"]:
+            if not v.get("served", True):
+                continue
+            self.resources[f"{spec['group']}/{v['name']}/{names['plural']}"] = kmock.ResourceInfo(
+                kind=names["kind"], singular=names.get("singular"), namespaced=spec["scope"] == "Namespaced",
+                shortnames=set(names.get("shortNames") or []), categories=set(names.get("categories") or []),
+                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                subresources=set((v.get("subresources") or {}).keys()))
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        m = PROXY_RE.match(raw_request.path)
+        if m:
+            return await self._proxy(raw_request, *m.groups())
+        m = NAMESPACE_RE.match(raw_request.path)
+        if m:
+            return await self._namespace(raw_request, m.group(1))
+        return await super().__call__(raw_request)
+
+    async def _namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.StreamResponse:
+        """kmock cannot parse the paths of the cluster-scoped `namespaces` resource;
+        Namespaces are kept here (the emulator does not enforce their existence)."""
+        def not_found() -> aiohttp.web.StreamResponse:
+            return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                              "code": 404, "reason": "NotFound",
+                                              "message": f'namespaces "{name}" not found'}, status=404)
+        if raw.method == "GET" and name is None:
+            return aiohttp.web.json_response({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
+                                              "items": list(self.namespaces.values())})
+        if raw.method == "POST":
+            body = await raw.json()
+            body.setdefault("metadata", {}).update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(),
+                                                   resourceVersion=str(next(self.rv)))
+            body["status"] = {"phase": "Active"}
+            self.namespaces[body["metadata"]["name"]] = body
+            return aiohttp.web.json_response(body, status=201)
+        if name not in self.namespaces:
+            return not_found()
+        if raw.method == "PATCH":
+            self.namespaces[name] = dict(dicts.patch_dict(self.namespaces[name], await raw.json()))
+        elif raw.method == "DELETE":
+            return aiohttp.web.json_response(self.namespaces.pop(name))
+        return aiohttp.web.json_response(self.namespaces[name])
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        auth = (request.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        if auth.startswith(SA_PREFIX) and not self._authorize(auth, request):
+            res = request.resource
+            raise kmock.KubernetesError(
+                status=403, reason="Forbidden",
+                message=f'{res.plural} is forbidden: User "{auth}" cannot {_verb(request)} resource '
+                        f'"{res.plural}" in API group "{res.group}"'
+                        + (f' in the namespace "{request.namespace}"' if request.namespace else ""))
+        self._stamp(request)
+        response = await super()._handle(request)
+        res = request.resource
+        if (res is not None and res.plural == "customresourcedefinitions" and request.action == enums.action.CREATE
+                and response.status < 300):
+            self._register_crd(request.data)
+        return response
+
+    # ------------------------------------------------------------ service proxy
+
+    def service_endpoints(self, namespace: str, service: str, port: str | None) -> list[tuple[str, int]]:
+        """Ready (address, port) pairs of a Service's EndpointSlices for a port name/number."""
+        svc = self._stored("v1/services", namespace, service)
+        if svc is None:
+            return []
+        ports = svc["spec"].get("ports") or []
+        want = next((p for p in ports if port in (None, p.get("name"), str(p.get("port")))), None)
+        if want is None:
+            return []
+        out = []
+        for sl in self._list("discovery.k8s.io/v1/endpointslices", namespace):
+            if (sl.get("metadata", {}).get("labels") or {}).get(SERVICE_NAME_LABEL) != service:
+                continue
+            sl_port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == want.get("name")), None)
+            if sl_port is None:
+                continue
+            for ep in sl.get("endpoints") or []:
+                if (ep.get("conditions") or {}).get("ready"):
+                    out += [(a, int(sl_port)) for a in ep.get("addresses") or []]
+        return sorted(out)
+
+    async def _proxy(self, raw: aiohttp.web.BaseRequest, namespace: str, service: str,
+                     port: str | None, rest: str | None) -> aiohttp.web.StreamResponse:
+        endpoints = self.service_endpoints(namespace, service, port)
+        if not endpoints:
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+                 "reason": "ServiceUnavailable",
+                 "message": f'no endpoints available for service "{service}"'}, status=503)
+        address, target_port = endpoints[next(self.proxy_rr) % len(endpoints)]
+        if self.proxy_session is None:
+            self.proxy_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300),
+                                                       auto_decompress=False)
+        url = f"http://{address}:{target_port}{rest or '/'}"
+        headers = {k: v for k, v in raw.headers.items() if k.lower() not in HOP_HEADERS}
+        body = await raw.read()
+        try:
+            async with self.proxy_session.request(raw.method, url, params=raw.query, headers=headers,
+                                                  data=body or None) as upstream:
+                resp = aiohttp.web.StreamResponse(status=upstream.status, headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
+                await resp.prepare(raw)
+                async for chunk in upstream.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except aiohttp.ClientError as e:
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 502,
+                 "reason": "BadGateway", "message": f"error trying to reach service: {e}"}, status=502)
+
+
+# ---------------------------------------------------------------- kubelet
+
+class Api:
+    """A minimal async REST client (admin token) for the controllers."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+
+    async def call(self, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with self.session.request(method, self.base + path, json=body, headers=headers) as r:
+            if r.status == 404:
+                return None
+            data = await r.json(content_type=None)
+            if r.status >= 400:
+                raise RuntimeError(f"{method} {path}: {r.status} {data}")
+            return data
+
+    async def items(self, path: str) -> list[dict[str, Any]]:
+        return ((await self.call("GET", path)) or {}).get("items") or []
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _int_or_percent(value: Any, total: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        frac = total * int(value[:-1]) / 100
+        return int(-(-frac // 1)) if round_up else int(frac)
+    return int(value)
+
+
+class PodRun:
+    def __init__(self, namespace: str, name: str, owner: str, hash_: str, ip: str,
+                 pod: dict[str, Any]) -> None:
+        self.namespace, self.name, self.owner, self.hash, self.ip = namespace, name, owner, hash_, ip
+        self.pod = pod
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready = False
+        self.terminating = False
+        self.gone = False
+        self.restarts = 0
+        self.exit_codes: list[int] = []
+        self.task: asyncio.Task[None] | None = None
+
+
+class Kubelet:
+    """Deployments -> Pods -> processes; Services -> EndpointSlices."""
+
+    def __init__(self, api: Api, workdir: Path, api_url: str) -> None:
+        self.api = api
+        self.workdir = workdir
+        self.api_url = api_url
+        self.pods: dict[tuple[str, str], PodRun] = {}
+        self.images = default_images()
+        self.image_fs = image_filesystem()
+        self.ips = (f"127.0.1.{i}" for i in itertools.count(2))
+        self.finished: list[PodRun] = []
+        self.errors: list[str] = []
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        (workdir / "sa").mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------- loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception as e:  # noqa: BLE001 - keep the node alive, report in the test
+                self.errors.append(repr(e))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), TICK_S)
+
+    async def tick(self) -> None:
+        deployments = await self.api.items("/apis/apps/v1/deployments")
+        live = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in deployments}
+        for run in list(self.pods.values()):
+            if (run.namespace, run.owner) not in live and not run.terminating:
+                self.terminate(run)  # garbage collection of an orphaned pod
+        for d in deployments:
+            await self.reconcile(d)
+        await self.sync_endpoints()
+
+    def owned(self, namespace: str, name: str) -> list[PodRun]:
+        return [r for r in self.pods.values() if r.namespace == namespace and r.owner == name]
+
+    async def reconcile(self, d: dict[str, Any]) -> None:
+        meta, spec = d["metadata"], d["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        h = template_hash(spec["template"])
+        desired = int(spec.get("replicas", 1))
+        runs = [r for r in self.owned(ns, name) if not r.terminating]
+        new = [r for r in runs if r.hash == h]
+        old = [r for r in runs if r.hash != h]
+        strategy = spec.get("strategy") or {}
+        if strategy.get("type") == "Recreate":
+            for r in old:
+                self.terminate(r)
+            if not [r for r in self.owned(ns, name) if r.hash != h]:
+                for _ in range(desired - len(new)):
+                    await self.start(d, h)
+        else:
+            ru = strategy.get("rollingUpdate") or {}
+            surge = _int_or_percent(ru.get("maxSurge", "25%"), desired, True)
+            unavailable = _int_or_percent(ru.get("maxUnavailable", "25%"), desired, False)
+            if surge == 0 and unavailable == 0:
+                surge = 1
+            if not old:
+                for _ in range(desired - len(new)):
+                    await self.start(d, h)
+            else:
+                room = desired + surge - len(runs)
+                for _ in range(min(room, desired - len(new))):
+                    await self.start(d, h)
+                ready = sum(r.ready for r in runs)
+                for r in sorted(old, key=lambda r: r.ready):
+                    if not r.ready:
+                        self.terminate(r)
+                    elif ready - 1 >= desired - unavailable:
+                        self.terminate(r)
+                        ready -= 1
+            extra = [r for r in new if not r.terminating][desired:] if len(new) > desired else []
+            for r in sorted(new, key=lambda r: r.ready)[:len(extra)]:
+                self.terminate(r)
+        await self.write_status(d, h)
+
+    async def write_status(self, d: dict[str, Any], h: str) -> None:
+        meta = d["metadata"]
+        runs = [r for r in self.owned(meta["namespace"], meta["name"]) if not r.terminating]
+        desired = int(d["spec"].get("replicas", 1))
+        ready = sum(r.ready for r in runs)
+        updated = sum(r.hash == h for r in runs)
+        complete = updated == desired == len(runs) and ready == desired
+        status = {
+            "observedGeneration": meta.get("generation", 1),
+            "replicas": len(runs), "updatedReplicas": updated, "readyReplicas": ready,
+            "availableReplicas": ready, "unavailableReplicas": max(0, desired - ready),
+            "conditions": [
+                {"type": "Available", "status": "True" if ready >= desired else "False",
+                 "reason": "MinimumReplicasAvailable" if ready >= desired else "MinimumReplicasUnavailable"},
+                {"type": "Progressing", "status": "True",
+                 "reason": "NewReplicaSetAvailable" if complete else "ReplicaSetUpdated"},
+            ],
+        }
+        old = d.get("status") or {}
+        if {k: v for k, v in old.items() if k != "conditions"} != {k: v for k, v in status.items() if k != "conditions"} \
+                or [c.get("status") for c in old.get("conditions") or []] != [c["status"] for c in status["conditions"]] \
+                or [c.get("reason") for c in old.get("conditions") or []] != [c["reason"] for c in status["conditions"]]:
+            await self.api.call("PATCH", f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{meta['name']}/status",
+                                {"status": status})
+
+    # ---------------------------------------------------------- pods
+
+    async def start(self, d: dict[str, Any], h: str) -> None:
+        meta = d["metadata"]
+        ns = meta["namespace"]
+        template = copy.deepcopy(d["spec"]["template"])
+        name = f"{meta['name']}-{h[:8]}-{uuid.uuid4().hex[:5]}"
+        ip = next(self.ips)
+        labels = dict(template["metadata"].get("labels") or {}, **{"pod-template-hash": h})
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels,
+                         "annotations": dict(template["metadata"].get("annotations") or {}),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": f"{meta['name']}-{h[:8]}", "uid": meta.get("uid", ""),
+                                              "controller": True}]},
+            "spec": dict(template["spec"], nodeName="e2e-node"),
+            "status": {"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "False"}]},
+        }
+        created = await self.api.call("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        run = PodRun(ns, name, meta["name"], h, ip, created or pod)
+        self.pods[(ns, name)] = run
+        run.task = asyncio.create_task(self.lifecycle(run))
+
+    def kubeconfig_for(self, namespace: str, service_account: str) -> Path:
+        path = self.workdir / "sa" / f"{namespace}.{service_account}.kubeconfig"
+        if not path.exists():
+            write_kubeconfig(path, self.api_url, f"{SA_PREFIX}{namespace}:{service_account}")
+        return path
+
+    async def env_for(self, run: PodRun, container: Mapping[str, Any]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "PYTEST_"))}
+        env.pop("KUBECONFIG", None)
+        sa = run.pod["spec"].get("serviceAccountName") or "default"
+        if run.pod["spec"].get("automountServiceAccountToken", True):
+            env["KUBECONFIG"] = str(self.kubeconfig_for(run.namespace, sa))
+        env["HOSTNAME"] = run.name
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = str(e["value"])
+            elif "secretKeyRef" in (e.get("valueFrom") or {}):
+                ref = e["valueFrom"]["secretKeyRef"]
+                secret = await self.api.call("GET", f"/api/v1/namespaces/{run.namespace}/secrets/{ref['name']}")
+                if secret is None:
+                    raise RuntimeError(f"CreateContainerConfigError: secret {ref['name']!r} not found")
+                if ref["key"] in (secret.get("data") or {}):
+                    env[e["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+                else:
+                    env[e["name"]] = secret.get("stringData", {})[ref["key"]]
+        return env
+
+    def command_for(self, run: PodRun, container: Mapping[str, Any]) -> list[str]:
+        image = container["image"]
+        repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image
+        if container.get("command"):
+            cmd = list(container["command"])
+        elif repo in self.images:
+            cmd = list(self.images[repo])
+        else:
+            raise RuntimeError(f"ErrImagePull: no image {image!r} on this node")
+        if cmd[0] == "pagefleet":
+            cmd = [sys.executable, "-m", "pagefleet.server.cli", *cmd[1:]]
+        args = []
+        for a in container.get("args") or []:
+            a = a.replace("0.0.0.0", run.ip)
+            for inside, outside in self.image_fs.items():
+                a = a.replace(inside, outside)
+            args.append(a)
+        return cmd + args
+
+    def _port(self, container: Mapping[str, Any], port: Any) -> int:
+        if isinstance(port, int) or str(port).isdigit():
+            return int(port)
+        return next(int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == port)
+
+    async def _patch_pod(self, run: PodRun, body: dict[str, Any]) -> None:
+        if not run.gone:
+            await self.api.call("PATCH", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}", body)
+
+    async def lifecycle(self, run: PodRun) -> None:
+        container = run.pod["spec"]["containers"][0]
+        probe = (container.get("readinessProbe") or {}).get("httpGet")
+        log = open(self.workdir / "logs" / f"{run.namespace}.{run.name}.log", "ab")
+        try:
+            while not run.terminating:
+                try:
+                    cmd = self.command_for(run, container)
+                    env = await self.env_for(run, container)
+                except RuntimeError as e:
+                    await self._patch_pod(run, {"status": {"containerStatuses": [{
+                        "name": container["name"], "ready": False, "restartCount": run.restarts,
+                        "state": {"waiting": {"reason": str(e).split(":")[0], "message": str(e)}}}]}})
+                    await asyncio.sleep(1)
+                    continue
+                log.write(f"--- {now_iso()} start: {cmd}\n".encode())
+                log.flush()
+                run.proc = await asyncio.create_subprocess_exec(
+                    *cmd, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT, cwd=str(self.workdir),
+                    start_new_session=True)
+                await self._patch_pod(run, {"status": {"phase": "Running", "startTime": now_iso(),
+                                                      "containerStatuses": [{"name": container["name"], "ready": False,
+                                                                             "restartCount": run.restarts, "started": True,
+                                                                             "state": {"running": {"startedAt": now_iso()}}}]}})
+                await self.probe_until_exit(run, container, probe)
+                code = await run.proc.wait()
+                run.exit_codes.append(code)
+                if run.terminating:
+                    break
+                run.restarts += 1  # restartPolicy: Always
+                run.ready = False
+                await self._patch_pod(run, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+                await self.sync_endpoints()
+                await asyncio.sleep(min(10, 0.5 * 2 ** run.restarts))
+        finally:
+            log.close()
+
+    async def probe_until_exit(self, run: PodRun, container: Mapping[str, Any], probe: Mapping[str, Any] | None) -> None:
+        assert run.proc is not None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            while run.proc.returncode is None and not run.terminating:
+                ok = True
+                if probe is not None:
+                    url = f"http://{run.ip}:{self._port(container, probe['port'])}{probe.get('path', '/')}"
+                    try:
+                        async with s.get(url) as r:
+                            ok = 200 <= r.status < 400
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                        ok = False
+                if ok != run.ready and not run.terminating:
+                    run.ready = ok
+                    await self._patch_pod(run, {"status": {
+                        "conditions": [{"type": "Ready", "status": "True" if ok else "False",
+                                        "lastTransitionTime": now_iso()}],
+                        "containerStatuses": [{"name": container["name"], "ready": ok,
+                                               "restartCount": run.restarts, "started": True,
+                                               "state": {"running": {}}}]}})
+                    await self.sync_endpoints()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(run.proc.wait()), 0.3 if not run.ready else 1.0)
+
+    def terminate(self, run: PodRun) -> None:
+        if run.terminating:
+            return
+        run.terminating = True
+        run.ready = False
+        asyncio.create_task(self._terminate(run))
+
+    async def _terminate(self, run: PodRun) -> None:
+        spec = run.pod["spec"]
+        container = spec["containers"][0]
+        with contextlib.suppress(RuntimeError):
+            await self._patch_pod(run, {"metadata": {"deletionTimestamp": now_iso(),
+                                                     "deletionGracePeriodSeconds": spec.get("terminationGracePeriodSeconds", 30)},
+                                        "status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+        await self.sync_endpoints()
+        grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        prestop = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command") or []
+        if run.proc is not None and run.proc.returncode is None:
+            if prestop[:1] == ["sleep"]:
+                await asyncio.sleep(min(float(prestop[1]), PRESTOP_CAP_S))
+            with contextlib.suppress(ProcessLookupError):
+                run.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(run.proc.wait(), grace)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.proc.pid, signal.SIGKILL)
+                await run.proc.wait()
+        if run.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run.task, 5)
+        with contextlib.suppress(RuntimeError):
+            await self.api.call("DELETE", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}")
+        run.gone = True
+        self.pods.pop((run.namespace, run.name), None)
+        self.finished.append(run)
+        await self.sync_endpoints()
+
+    async def shutdown(self) -> None:
+        for run in list(self.pods.values()):
+            self.terminate(run)
+        deadline = asyncio.get_running_loop().time() + 60
+        while self.pods and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        for run in list(self.pods.values()) + self.finished:  # belt and braces
+            if run.proc is not None and run.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.proc.pid, signal.SIGKILL)
+
+    # ---------------------------------------------------------- endpoints
+
+    async def sync_endpoints(self) -> None:
+        """One EndpointSlice per (Service, port number) with the ready, non-terminating
+        pods its selector picks."""
+        services = await self.api.items("/api/v1/services")
+        slices = await self.api.items("/apis/discovery.k8s.io/v1/endpointslices")
+        wanted: dict[tuple[str, str], dict[str, Any]] = {}
+        for svc in services:
+            ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+            selector = (svc.get("spec") or {}).get("selector")
+            if not selector:
+                continue
+            groups: dict[tuple[tuple[str, int], ...], list[PodRun]] = {}
+            for run in self.pods.values():
+                labels = run.pod["metadata"].get("labels") or {}
+                if run.namespace != ns or run.terminating or not all(labels.get(k) == v for k, v in selector.items()):
+                    continue
+                container = run.pod["spec"]["containers"][0]
+                ports = []
+                for p in svc["spec"].get("ports") or []:
+                    with contextlib.suppress(StopIteration, KeyError):
+                        ports.append((p.get("name", ""), self._port(container, p.get("targetPort", p["port"]))))
+                groups.setdefault(tuple(ports), []).append(run)
+            for ports, runs in groups.items():
+                sl_name = f"{name}-{hashlib.sha256(repr(ports).encode()).hexdigest()[:5]}"
+                wanted[(ns, sl_name)] = {
+                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                    "metadata": {"name": sl_name, "namespace": ns, "labels": {SERVICE_NAME_LABEL: name}},
+                    "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
+                    "endpoints": [{"addresses": [r.ip], "conditions": {"ready": r.ready, "serving": r.ready,
+                                                                       "terminating": False},
+                                   "targetRef": {"kind": "Pod", "name": r.name, "namespace": ns}}
+                                  for r in sorted(runs, key=lambda r: r.name)]}
+        existing = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in slices}
+        for key, body in wanted.items():
+            cur = existing.get(key)
+            if cur is None:
+                await self.api.call("POST", f"/apis/discovery.k8s.io/v1/namespaces/{key[0]}/endpointslices", body)
+            elif cur.get("endpoints") != body["endpoints"] or cur.get("ports") != body["ports"]:
+                await self.api.call("PATCH", f"/apis/discovery.k8s.io/v1/namespaces/{key[0]}/endpointslices/{key[1]}",
+                                    {"endpoints": body["endpoints"], "ports": body["ports"]})
+        for key in set(existing) - set(wanted):
+            await self.api.call("DELETE", f"/apis/discovery.k8s.io/v1/namespaces/{key[0]}/endpointslices/{key[1]}")
+
+
+# ---------------------------------------------------------------- the cluster
+
+def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+    cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+           "clusters": [{"name": "e2e", "cluster": {"server": server}}],
+           "users": [{"name": "e2e", "user": {"token": token}}],
+           "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e", "namespace": "default"}}],
+           "current-context": "e2e"}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class EmulatedCluster:
+    """Start with `with EmulatedCluster(workdir) as c:`; c.url, c.kubeconfig (admin)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._thread, name="e2e-cluster", daemon=True)
+        self.ready = threading.Event()
+        self.url = ""
+        self.kubeconfig = workdir / "admin.kubeconfig"
+        self.api_server: ApiServer | None = None
+        self.kubelet: Kubelet | None = None
+        self._stop: asyncio.Event | None = None
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def _thread(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        except BaseException as e:  # noqa: BLE001 - surfaced by __enter__/__exit__
+            self._error = e
+            self.ready.set()
+        finally:
+            self._done.set()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        api_server = ApiServer()
+        async with api_server, apps.Server(api_server):
+            self.api_server = api_server
+            self.url = str(api_server.url).rstrip("/")
+            write_kubeconfig(self.kubeconfig, self.url, ADMIN_TOKEN)
+            api = Api(self.url)
+            self.kubelet = Kubelet(api, self.workdir, self.url)
+            runner = asyncio.create_task(self.kubelet.run(self._stop))
+            self.ready.set()
+            await self._stop.wait()
+            await runner
+            await self.kubelet.shutdown()
+            await api.close()
+            if api_server.proxy_session is not None:
+                await api_server.proxy_session.close()
+
+    def __enter__(self) -> EmulatedCluster:
+        self.thread.start()
+        self.ready.wait(60)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._done.wait(120)
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
