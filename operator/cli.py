@@ -72,6 +72,9 @@ def run_operator(argv: list[str]) -> int:
         # sets the name and creates the peering object instead.
         memo["pf_peering"] = {"name": args.peering,
                               "namespaces": [ns for ns in namespaces if "*" not in ns]}
+    # Exact namespace names need no cluster-wide listing of namespaces or CRDs, so a
+    # namespace-scoped RBAC role is enough (kopf would otherwise retry 403s for a minute).
+    memo["pf_no_scanning"] = bool(namespaces) and not any(set("*?[") & set(ns) for ns in namespaces)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,

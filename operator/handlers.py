@@ -45,6 +45,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     # Our own Events carry the story (scales, invalid specs); kopf's per-handler
     # "succeeded" chatter would drown them.
     settings.posting.level = logging.WARNING
+    if memo.get("pf_no_scanning"):
+        settings.scanning.disabled = True
     if "kube" not in memo:
         memo["kube"] = KubeClient.from_environment()
     # Shared by every per-resource memo (they are shallow copies of this one).
