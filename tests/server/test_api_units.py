@@ -1,0 +1,71 @@
+"""Pure parts of the API layer: auth comparison, error mapping, log line, request ids,
+model-name resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagefleet.server.api.auth import key_matches
+from pagefleet.server.api.errors import to_api_error, validation_error
+from pagefleet.server.api.protocol import CompletionRequest, sampling_params
+from pagefleet.server.api.request_id import clean_request_id
+from pagefleet.server.api.stats_log import Sample, is_idle, stats_line
+from pagefleet.server.engine.async_engine import QueueFullError, QueueTimeoutError
+from pagefleet.server.engine.engine import PromptTooLongError
+from pagefleet.server.models.hub import ModelNotFoundError, looks_like_repo_id, resolve_model
+
+
+def test_key_matches():
+    assert key_matches(b"Bearer s3cret", b"s3cret")
+    assert key_matches(b"bearer s3cret", b"s3cret")
+    for bad in (None, b"", b"s3cret", b"Bearer s3cre", b"Bearer s3cretX", b"Basic s3cret"):
+        assert not key_matches(bad, b"s3cret")
+
+
+def test_error_mapping():
+    e = to_api_error(QueueFullError("full"))
+    assert e.status == 429 and e.headers["Retry-After"] == "1"
+    assert to_api_error(QueueTimeoutError("late")).status == 503
+    e = to_api_error(PromptTooLongError(4096, 1024, 4096))
+    assert e.status == 400 and e.message.startswith(
+        "This model's maximum context length is 4096 tokens. However, you requested 5120 "
+        "tokens (4096 in the messages, 1024 in the completion).")
+    assert validation_error([{"loc": ("body", "prompt", "list[int]", 0), "msg": "bad",
+                              "type": "int_type"}]).param == "prompt.0"
+
+
+def test_generation_defaults_only_fill_unset_fields():
+    defaults = {"temperature": 0.7, "top_k": 20, "repetition_penalty": 1.05}
+    req = CompletionRequest(prompt="x", temperature=0.0)
+    p = sampling_params(req, defaults, max_tokens=5, logprobs=None)
+    assert (p.temperature, p.top_k, p.repetition_penalty, p.top_p) == (0.0, 20, 1.05, 1.0)
+    p = sampling_params(CompletionRequest(prompt="x"), {}, max_tokens=5, logprobs=None)
+    assert (p.temperature, p.top_k, p.repetition_penalty) == (1.0, -1, 1.0)
+
+
+def test_stats_line_wording():
+    a = Sample(0.0, 0, 0, 0, 0)
+    b = Sample(10.0, 1000, 250, 400, 100)
+    assert stats_line(a, b, 3, 2, 0.125) == (
+        "Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 25.0 tokens/s, "
+        "Running: 3 reqs, Waiting: 2 reqs, GPU KV cache usage: 12.5%, "
+        "Prefix cache hit rate: 25.0%")
+    assert is_idle(a, Sample(10.0, 0, 0, 0, 0), 0, 0) and not is_idle(a, b, 0, 0)
+
+
+def test_request_id_cleaning():
+    assert clean_request_id("abc-123") == "abc-123"
+    assert clean_request_id("a b\r\nX-Evil: 1") == "a_b__X-Evil:_1"
+    assert len(clean_request_id("x" * 1000)) == 128
+
+
+def test_model_resolution(tmp_path):
+    assert looks_like_repo_id("Qwen/Qwen2.5-7B-Instruct")
+    assert not looks_like_repo_id("./models/x") and not looks_like_repo_id("/abs/path")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path / "m"))
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path / "m")) == tmp_path / "m"
+    with pytest.raises(ModelNotFoundError, match="no such directory"):
+        resolve_model(str(tmp_path / "nope" / "deeper"))

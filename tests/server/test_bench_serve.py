@@ -1,0 +1,76 @@
+"""`pagefleet bench serve` against a real test server (issue: 6), and its pure parts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagefleet.server.bench.cli import main as bench_main
+from pagefleet.server.bench.datasets import random_dataset
+from pagefleet.server.bench.report import RequestResult, summarize
+from tests.server.helpers_serve import ThreadServer, metric
+
+FIGURES = ["completed", "failed", "duration", "request_throughput", "output_throughput",
+           "total_token_throughput", "total_input_tokens", "total_output_tokens"] + [
+    f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")]
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_models):
+    server = ThreadServer(tiny_models("qwen3"), max_num_seqs=8).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("endpoint,extra", [
+    ("/v1/completions", ["--request-rate", "inf", "--max-concurrency", "4"]),
+    ("/v1/chat/completions", ["--dataset", "prefix", "--prefix-len", "64",
+                              "--request-rate", "200", "--seed", "3"]),
+])
+def test_bench_serve_json(srv, tmp_path, capsys, endpoint, extra):
+    out = tmp_path / "result.json"
+    queries_before = metric(srv.metrics(), "vllm:prefix_cache_hits_total")
+    rc = bench_main(["serve", "--base-url", srv.url, "--endpoint", endpoint,
+                     "--num-prompts", "12", "--random-input-len", "24",
+                     "--random-output-len", "8", "--random-range-ratio", "0.25",
+                     "--ignore-eos", "--result-json", str(out), "--disable-tqdm", *extra])
+    assert rc == 0
+    report = capsys.readouterr().out
+    assert "Serving Benchmark Result" in report and "P99 TTFT (ms)" in report
+    data = json.loads(out.read_text())
+    for key in FIGURES:
+        assert key in data, key
+    assert data["completed"] == 12 and data["failed"] == 0 and data["model_id"] == "tiny"
+    assert 12 * 6 <= data["total_output_tokens"] <= 12 * 10      # 8 ± 25 %, ignore_eos
+    assert data["mean_ttft_ms"] > 0 and data["mean_e2el_ms"] >= data["mean_ttft_ms"]
+    assert data["p99_e2el_ms"] >= data["median_e2el_ms"] > 0
+    if "--prefix-len" in extra:
+        assert metric(srv.metrics(), "vllm:prefix_cache_hits_total") > queries_before
+
+
+def test_bench_counts_failures(srv, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = bench_main(["serve", "--base-url", srv.url, "--model", "wrong-model",
+                     "--num-prompts", "3", "--random-input-len", "8", "--random-output-len", "4",
+                     "--result-json", str(out), "--disable-tqdm"])
+    assert rc == 1
+    data = json.loads(out.read_text())
+    assert data["completed"] == 0 and data["failed"] == 3 and data["errors_by_status"] == {"404": 3}
+
+
+def test_dataset_lengths_and_shared_prefix():
+    ds = random_dataset(50, 100, 20, 0.5, seed=1, prefix_len=30, num_prefixes=2)
+    assert all(80 <= s.expected_input_len <= 180 and 10 <= s.output_len <= 30 for s in ds)
+    heads = {s.prompt.split()[:30].__str__() for s in ds}
+    assert len(heads) == 2
+
+
+def test_summary_percentiles():
+    rs = [RequestResult(success=True, prompt_len=10, output_tokens=5, ttft=t, itl=[0.1] * 4,
+                        latency=t + 0.4) for t in (0.1, 0.2, 0.3)]
+    rs.append(RequestResult(success=False, status=429, error="HTTP 429"))
+    s = summarize(rs, duration=2.0)
+    assert s["completed"] == 3 and s["failed"] == 1 and s["errors_by_status"] == {"429": 1}
+    assert s["median_ttft_ms"] == pytest.approx(200) and s["mean_tpot_ms"] == pytest.approx(100)
+    assert s["request_throughput"] == 1.5 and s["output_throughput"] == 7.5

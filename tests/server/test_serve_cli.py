@@ -1,0 +1,125 @@
+"""`pagefleet serve` as a real process: SIGTERM drain, the demo model, --config and
+legacy flags, and the Hugging Face path failing fast offline (issue: Serve, 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.server.helpers_serve import SubprocessServer, free_port, metric
+
+PAGEFLEET = str(Path(sys.executable).with_name("pagefleet"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models):
+    return tiny_models("qwen3")
+
+
+def test_sigterm_drains_in_flight_and_exits_0(model_dir, tmp_path):
+    srv = SubprocessServer([str(model_dir), "--max-num-seqs", "4", "--max-model-len", "1024",
+                            "--kv-cache-memory", str(32 << 20), "--shutdown-timeout", "120"],
+                           tmp_path / "server.log").wait_ready()
+    try:
+        n_tokens = 400
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=300) as c:
+                async def complete(i):
+                    body = {"prompt": f"request number {i}", "max_tokens": n_tokens,
+                            "ignore_eos": True}
+                    if i % 2 == 0:
+                        return await c.post(srv.url + "/v1/completions", json=body)
+                    async with c.stream("POST", srv.url + "/v1/completions",
+                                        json={**body, "stream": True}) as r:
+                        await r.aread()
+                        return r
+                tasks = [asyncio.create_task(complete(i)) for i in range(6)]
+
+                async def running():
+                    text = (await c.get(srv.url + "/metrics")).text
+                    return metric(text, "vllm:num_requests_running") >= 1
+                for _ in range(600):
+                    if await running():
+                        break
+                    await asyncio.sleep(0.05)
+                srv.terminate()
+                # Draining: /health and new requests say 503 while the old ones finish.
+                for _ in range(600):
+                    if (await c.get(srv.url + "/health")).status_code == 503:
+                        break
+                    await asyncio.sleep(0.05)
+                late = await c.post(srv.url + "/v1/completions",
+                                    json={"prompt": "too late", "max_tokens": 2})
+                return await asyncio.gather(*tasks), late
+
+        results, late = asyncio.run(scenario())
+        assert late.status_code == 503 and late.json()["error"]["code"] == 503
+        for r in results:
+            assert r.status_code == 200
+            if r.headers["content-type"].startswith("application/json"):
+                assert r.json()["usage"]["completion_tokens"] == n_tokens
+            else:
+                assert r.text.rstrip().endswith("data: [DONE]")
+                assert '"finish_reason":"length"' in r.text and '"error"' not in r.text
+        assert srv.proc.wait(120) == 0, srv.output()
+        assert "all in-flight requests finished" in srv.output()
+    finally:
+        srv.close()
+
+
+def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max-num-seqs: 2\nmax_model_len: 256\nserved-model-name: my-demo\n"
+                   "kv-cache-memory: 16777216\n")
+    srv = SubprocessServer(["--config", str(cfg), "--disable-log-requests", "--trust-remote-code",
+                            "--api-key", "k1"], tmp_path / "demo.log",
+                           env={"PAGEFLEET_CACHE": str(tmp_path / "cache")}).wait_ready()
+    try:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="k1", max_retries=0)
+        card = client.models.list().data[0]
+        assert card.id == "my-demo" and card.model_extra["max_model_len"] == 256
+        r = client.chat.completions.create(model="my-demo", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hello"}])
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert (tmp_path / "cache" / "demo-model-v1" / "config.json").exists()
+        out = srv.output()
+        assert "--disable-log-requests is accepted for vLLM compatibility" in out
+        assert "--trust-remote-code is accepted for vLLM compatibility" in out
+        assert "hello" not in out            # no prompt text in logs by default
+        srv.terminate()
+        assert srv.proc.wait(60) == 0, srv.output()
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+    ({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:{closed}"}, "could not be reached"),
+])
+def test_hub_repo_id_fails_fast_without_network(tmp_path, env, needle):
+    env = {k: v.format(closed=free_port()) for k, v in env.items()}
+    proc = subprocess.run([PAGEFLEET, "serve", "some-org/some-model", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HOME": str(tmp_path / "hf"), **env})
+    assert proc.returncode != 0
+    assert "could not fetch model 'some-org/some-model' from the Hugging Face Hub" in proc.stderr
+    assert needle in proc.stderr
+
+
+def test_missing_local_dir_and_help():
+    proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "no such directory" in proc.stderr
+    help_text = subprocess.run([PAGEFLEET, "serve", "--help"], capture_output=True, text=True,
+                               timeout=60, check=True).stdout
+    for flag in ("--max-num-queued-requests", "--queue-timeout", "--shutdown-timeout",
+                 "--kv-cache-memory", "--api-key", "--served-model-name", "--config"):
+        assert flag in help_text
