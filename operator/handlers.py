@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any
 
+import aiohttp
 import kopf
 
 from pagefleet.operator import controller, crd
@@ -74,7 +75,7 @@ async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logg
                 await kube.create(path.rsplit("/", 1)[0], {"apiVersion": "kopf.dev/v1", "kind": kind,
                                                            "metadata": meta})
                 logger.info(f"Created {kind} {name!r}.")
-        except (KubeError, OSError) as e:
+        except (KubeError, aiohttp.ClientError, OSError) as e:
             logger.warning(f"Cannot ensure the peering object {name!r} ({e}); install the kopf "
                            "peering CRDs (`pagefleet crd --peering`) for more than one replica.")
 
