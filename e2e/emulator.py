@@ -403,6 +403,7 @@ class Kubelet:
         self.image_fs = image_filesystem()
         self.ips = (f"127.0.1.{i}" for i in itertools.count(2))
         self.finished: list[PodRun] = []
+        self.terminations: set[asyncio.Task[None]] = set()
         self.errors: list[str] = []
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         (workdir / "sa").mkdir(parents=True, exist_ok=True)
@@ -642,7 +643,9 @@ class Kubelet:
             return
         run.terminating = True
         run.ready = False
-        asyncio.create_task(self._terminate(run))
+        task = asyncio.create_task(self._terminate(run))
+        self.terminations.add(task)
+        task.add_done_callback(self.terminations.discard)
 
     async def _terminate(self, run: PodRun) -> None:
         spec = run.pod["spec"]
@@ -678,9 +681,8 @@ class Kubelet:
     async def shutdown(self) -> None:
         for run in list(self.pods.values()):
             self.terminate(run)
-        deadline = asyncio.get_running_loop().time() + 60
-        while self.pods and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.1)
+        if self.terminations:
+            await asyncio.wait(set(self.terminations), timeout=90)
         for run in list(self.pods.values()) + self.finished:  # belt and braces
             if run.proc is not None and run.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
