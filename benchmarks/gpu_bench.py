@@ -55,6 +55,18 @@ def median_ms(fn, n: int = 50, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn, reps: int = 10, n: int = 30) -> float:
+    """GPU time of fn from a CUDA graph holding `reps` calls (no host launch overhead)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return median_ms(g.replay, n=n) / reps
+
+
 def rel_err(out, ref) -> float:
     o, r = out.double(), ref.double()
     if not bool(torch_isfinite(o)):
@@ -65,6 +77,28 @@ def rel_err(out, ref) -> float:
 def torch_isfinite(t):
     import torch
     return torch.isfinite(t).all()
+
+
+def cuda_safe_twins():
+    """The torch twins create some index tensors without a device (CPU); run them with
+    the query's device as the default device so they work on CUDA as they are."""
+    import functools
+    import torch
+    from pagefleet.server.models.decoder import Ops
+    from pagefleet.server.ops import attention
+
+    def on_q_device(fn):
+        @functools.wraps(fn)
+        def wrapped(q, *a, **k):
+            with torch.device(q.device):
+                return fn(q, *a, **k)
+        return staticmethod(wrapped)
+
+    class TorchOnCuda(Ops):
+        prefill_attention = on_q_device(attention.paged_prefill_attention)
+        decode_attention = on_q_device(attention.paged_decode_attention)
+
+    return TorchOnCuda
 
 
 # -- phase: ceilings ------------------------------------------------------------------------
@@ -105,7 +139,8 @@ def phase_build(args) -> dict:
 
 def phase_kernels(args) -> dict:
     import torch
-    from pagefleet.server.ops import activation, attention, layernorm, rotary
+    from pagefleet.server.ops import activation, layernorm, rotary
+    from pagefleet.server.ops import attention as attention_module
     from pagefleet.server.ops import (triton_activation, triton_attention, triton_layernorm,
                                       triton_rotary)
     c = QWEN7B
@@ -113,6 +148,12 @@ def phase_kernels(args) -> dict:
     dev = "cuda"
     bf16 = torch.bfloat16
     res: dict = {"checks": [], "decode_variants": [], "prefill_variants": [], "small_ops": []}
+    twins = cuda_safe_twins()
+
+    class attention:   # the torch twins, device-safe
+        store_kvcache = staticmethod(attention_module.store_kvcache)
+        paged_decode_attention = twins.decode_attention
+        paged_prefill_attention = twins.prefill_attention
     copy_bw = args.copy_bw
 
     def check(name, out, ref, tol):
@@ -166,30 +207,33 @@ def phase_kernels(args) -> dict:
         ref = attention.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5, sc, sc)
         check(f"decode B={batch} ctx={ctx_len} bs={bs} {str(kv_dtype)[6:]}", out, ref, 1e-2)
     base = dict(triton_attention.DECODE_CONFIG)
-    variants = [dict(block_n=64, num_warps=4, num_stages=2, partition=256),
-                dict(block_n=32, num_warps=4, num_stages=2, partition=256),
-                dict(block_n=128, num_warps=4, num_stages=2, partition=256),
-                dict(block_n=64, num_warps=8, num_stages=2, partition=256),
-                dict(block_n=64, num_warps=4, num_stages=3, partition=256),
-                dict(block_n=128, num_warps=8, num_stages=3, partition=256),
-                dict(block_n=64, num_warps=4, num_stages=2, partition=128),
-                dict(block_n=64, num_warps=4, num_stages=2, partition=512)]
+    variants = [dict(block_n=64, num_warps=4, num_stages=2, partition=256, target_programs=None),
+                dict(block_n=128, num_warps=4, num_stages=2, partition=256, target_programs=None),
+                dict(block_n=64, num_warps=4, num_stages=3, partition=256, target_programs=None),
+                dict(block_n=32, num_warps=2, num_stages=4, partition=256, target_programs=None),
+                dict(block_n=64, num_warps=2, num_stages=3, partition=256, target_programs=None),
+                dict(block_n=64, num_warps=4, num_stages=4, partition=256, target_programs=None),
+                dict(block_n=64, num_warps=4, num_stages=3, partition=512, target_programs=None),
+                dict(block_n=64, num_warps=4, num_stages=3, partition=256, target_programs=2048),
+                dict(block_n=64, num_warps=4, num_stages=3, partition=512, target_programs=2048),
+                dict(block_n=64, num_warps=4, num_stages=3, partition=128, target_programs=None),
+                dict(block_n=128, num_warps=8, num_stages=3, partition=512, target_programs=2048)]
     for batch in (1, 16, 64, 256):
         q, kc, vc, bt, ctx = decode_setup(batch, 1024)
         # graph-mode width: a block table as wide as max_model_len 2048
         bt = torch.cat([bt, torch.zeros(batch, 128 - bt.shape[1], dtype=torch.int32,
                                         device=dev)], 1)
         kv_bytes = int(ctx.sum().item()) * hk * d * 2 * 2
-        for var in variants:
+        for i, var in enumerate(variants):
             triton_attention.DECODE_CONFIG.update(var)
             try:
-                ms = median_ms(lambda: triton_attention.paged_decode_attention(
-                    q, kc, vc, bt, ctx, d ** -0.5), n=40)
+                ms = graph_ms(lambda: triton_attention.paged_decode_attention(
+                    q, kc, vc, bt, ctx, d ** -0.5))
             except Exception as e:   # a variant that does not compile on this triton
                 ms = float("nan")
                 log(f"decode variant {var} failed: {e!r}")
             res["decode_variants"].append({
-                "batch": batch, **var, "ms": ms, "kv_MB": kv_bytes / 1e6,
+                "variant": i, "batch": batch, **var, "ms": ms, "kv_MB": kv_bytes / 1e6,
                 "GBps": kv_bytes / (ms / 1e3) / 1e9 if ms == ms else None,
                 "of_copy_bw": kv_bytes / (ms / 1e3) / copy_bw if ms == ms else None})
         triton_attention.DECODE_CONFIG.update(base)
@@ -199,6 +243,17 @@ def phase_kernels(args) -> dict:
         if r["ms"] == r["ms"] and (b not in best or r["ms"] < best[b]["ms"]):
             best[b] = r
     res["decode_best"] = best
+    # One configuration for the engine: the least total time over B = 16, 64, 256.
+    totals = {}
+    for r in res["decode_variants"]:
+        if r["batch"] in (16, 64, 256):
+            totals[r["variant"]] = totals.get(r["variant"], 0.0) + (
+                r["ms"] if r["ms"] == r["ms"] else 1e9)
+    pick = min(totals, key=totals.get)
+    res["decode_tuned"] = variants[pick]
+    res["decode_default_total_ms"] = totals.get(0)
+    res["decode_tuned_total_ms"] = totals[pick]
+    log(f"decode tuned: {variants[pick]} ({totals[pick]:.3f} ms vs default {totals.get(0):.3f})")
 
     # Prefill: correctness (prefix hits, a decode row, GQA 7) and variants at 16 x 512.
     bs = 16
@@ -239,8 +294,8 @@ def phase_kernels(args) -> dict:
                 dict(block_m=128, block_n=32, num_warps=4, num_stages=2)]:
         triton_attention.PREFILL_CONFIG.update(var)
         try:
-            ms = median_ms(lambda: triton_attention.paged_prefill_attention(
-                q, kc, vc, cu, ctxt, bt, d ** -0.5), n=20)
+            ms = graph_ms(lambda: triton_attention.paged_prefill_attention(
+                q, kc, vc, cu, ctxt, bt, d ** -0.5), reps=5, n=10)
         except Exception as e:
             ms = float("nan")
             log(f"prefill variant {var} failed: {e!r}")
@@ -364,6 +419,41 @@ class StepTimer:
         return {k + "_ms": 1e3 * statistics.median(s[k] for s in steps) for k in keys}
 
 
+def profile_decode(runner, bs: int, reps: int = 5) -> dict:
+    """Kernel time by kind in one eager decode forward at padded size bs (the same
+    kernels the graph replays), from torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    runner._decode_forward(bs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            runner._decode_forward(bs)
+        torch.cuda.synchronize()
+    kinds: dict[str, float] = {}
+    top = []
+    for e in prof.key_averages():
+        us = (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)) / reps
+        if us <= 0 or e.key.startswith(("cudaLaunch", "cudaGraph", "Activity Buffer")):
+            continue
+        name = e.key
+        low = name.lower()
+        kind = ("attention" if "_decode_kernel" in name else
+                "attention reduce" if "_decode_reduce" in name else
+                "rmsnorm" if "_rms_norm" in name else
+                "rotary" if "_rotary" in name or "_rotate" in name else
+                "kv store" if "_store_kvcache" in name else
+                "silu_and_mul" if "_silu" in name else
+                "gemm" if any(t in low for t in ("gemm", "gemv", "cutlass", "xmma", "nvjet",
+                                                   "cublas", "splitk", "matmul")) else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + us
+        top.append((us, e.count // reps, name[:90]))
+    top.sort(reverse=True)
+    return {"us_by_kind": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+            "kernel_us_sum": round(sum(kinds.values()), 1),
+            "top": [{"us": round(u, 1), "calls": c, "name": n} for u, c, n in top[:12]]}
+
+
 def reset_prefix_cache(kv) -> None:
     """Forget cached prefixes (between runs that compare op paths on the same prompts)."""
     kv.cached.clear()
@@ -379,6 +469,11 @@ def phase_engine(args) -> dict:
     from pagefleet.server.ops import triton_attention
     from pagefleet.server.ops.triton_ops import TritonOps
 
+    tuned = OUT / "part_kernels.json"
+    if not args.decode_config and tuned.exists():
+        cfg = json.loads(tuned.read_text()).get("decode_tuned")
+        if cfg:
+            triton_attention.DECODE_CONFIG.update(cfg)
     if args.decode_config:
         triton_attention.DECODE_CONFIG.update(json.loads(args.decode_config))
     if args.prefill_config:
@@ -461,7 +556,7 @@ def _engine_parity(llm, res, rand_prompt, greedy, args) -> None:
     runner._setup_decode_path()
     out_eager = run_prompts()
     runner.config.enforce_eager = False
-    runner.set_ops(Ops)
+    runner.set_ops(cuda_safe_twins())
     out_torch = run_prompts()
     # Near-ties at the first divergence: top-2 logprob gap on each path.
     ties = []
@@ -530,6 +625,7 @@ def _engine_decode(llm, res, rand_prompt, greedy, args, params_bytes, embed_byte
         hidden = out[:batch]
         logits_ms = median_ms(lambda: runner.model.compute_logits(hidden).float(), n=30)
         ctx_mean = statistics.mean(len(eng.scheduler.requests[r].all_token_ids) for r in ids)
+        prof = profile_decode(runner, pad) if batch in args.profile_batches else None
         weight_read = params_bytes - embed_bytes + batch * c["hidden"] * 2
         kv_read = batch * ctx_mean * kv_per_token
         roof_ms = (weight_read + kv_read) / args.copy_bw * 1e3
@@ -538,7 +634,7 @@ def _engine_decode(llm, res, rand_prompt, greedy, args, params_bytes, embed_byte
             "gpu_logits_ms": logits_ms, "gpu_step_ms": gpu_ms + logits_ms,
             "ctx_mean": ctx_mean, "weights_read_GB": weight_read / 1e9,
             "kv_read_GB": kv_read / 1e9, "roofline_ms": roof_ms,
-            "gpu_over_roofline": (gpu_ms + logits_ms) / roof_ms,
+            "gpu_over_roofline": (gpu_ms + logits_ms) / roof_ms, "profile": prof,
             "step_over_roofline": summ.get("total_ms", float("nan")) / roof_ms}
         log(f"decode B={batch}: {res['decode'][batch]}")
         for r in ids:
@@ -580,6 +676,42 @@ def _engine_throughput(llm, res, rand_prompt, greedy, args, timer) -> None:
     }
     log(f"throughput: {res['throughput']}")
     eng.kv.check_whole()
+
+
+# -- phase: float32 parity -------------------------------------------------------------------
+
+def phase_parity32(args) -> dict:
+    """The same real-size model in float32: Triton path (graphs) against the torch twins.
+    bf16 runs of a random model sit on near-ties (1-ulp logit gaps); in float32 the two
+    paths must agree token for token."""
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.ops.triton_ops import TritonOps
+    t0 = time.time()
+    llm = LLM(str(MODEL_DIR), max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=4096,
+              dtype="float32", gpu_memory_utilization=0.45)
+    res = {"load_s": time.time() - t0}
+    rng = random.Random(7)
+    shared = [rng.randrange(0, 151600) for _ in range(300)]
+    prompts = [[rng.randrange(0, 151600) for _ in range(n)] for n in (1, 17, 100, 513, 1000, 37)]
+    prompts += [shared + [rng.randrange(0, 151600) for _ in range(n)] for n in (5, 60)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.parity_tokens, ignore_eos=True)
+    runner = llm.engine.runner
+    outs = {}
+    for name, ops in (("triton", TritonOps), ("torch", cuda_safe_twins())):
+        runner.set_ops(ops)
+        outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        reset_prefix_cache(llm.engine.kv)
+    a, b = outs["triton"], outs["torch"]
+    res.update({
+        "prompts": len(prompts), "new_tokens": args.parity_tokens,
+        "identical_sequences": sum(x == y for x, y in zip(a, b)),
+        "token_match_frac": sum(u == v for x, y in zip(a, b) for u, v in zip(x, y))
+        / sum(len(x) for x in b),
+        "first_divergence": [next((k for k in range(len(x)) if x[k] != y[k]), None)
+                             for x, y in zip(a, b)],
+        "distinct_tokens_per_seq": [len(set(x)) for x in b], "s": time.time() - t0})
+    log(f"parity float32: {res}")
+    return res
 
 
 # -- phase: HF baseline ---------------------------------------------------------------------
@@ -628,12 +760,12 @@ def phase_hf(args) -> dict:
 # -- driver ---------------------------------------------------------------------------------
 
 PHASES = {"ceilings": phase_ceilings, "build": phase_build, "kernels": phase_kernels,
-          "engine": phase_engine, "hf": phase_hf}
+          "engine": phase_engine, "parity32": phase_parity32, "hf": phase_hf}
 
 
 def parse(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phases", default="ceilings,build,kernels,engine,hf")
+    ap.add_argument("--phases", default="ceilings,build,hf,kernels,engine,parity32")
     ap.add_argument("--phase", help=argparse.SUPPRESS)
     ap.add_argument("--copy-bw", type=float, default=4.26e12)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -647,6 +779,8 @@ def parse(argv=None):
     ap.add_argument("--decode-batches", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 16, 64, 256])
     ap.add_argument("--decode-steps", type=int, default=30)
+    ap.add_argument("--profile-batches", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 256])
     ap.add_argument("--hf-batch", type=int, default=128)
     ap.add_argument("--hf-new-tokens", type=int, default=64)
     ap.add_argument("--hf-steps-b1", type=int, default=32)
@@ -672,7 +806,8 @@ def main() -> None:
     if args.phase:
         return run_phase(args.phase, args)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[1:]}
-    timeouts = {"ceilings": 40, "build": 120, "kernels": 120, "engine": 220, "hf": 80}
+    timeouts = {"ceilings": 40, "build": 120, "kernels": 150, "engine": 240, "parity32": 100,
+                "hf": 80}
     timeouts.update({k: int(v) for k, v in args.timeout.items()})
     for name in args.phases.split(","):
         t0 = time.time()
@@ -706,6 +841,9 @@ def print_table(r: dict) -> None:
         for b, v in sorted(k.get("decode_best", {}).items(), key=lambda x: int(x[0])):
             print(f"  decode attn B={b}: best {v['ms'] * 1e3:.0f} us ({v['GBps']:.0f} GB/s) "
                   f"bn={v['block_n']} w={v['num_warps']} st={v['num_stages']} part={v['partition']}")
+        if "decode_tuned" in k:
+            print(f"  decode tuned config {k['decode_tuned']}: {k['decode_tuned_total_ms']:.3f} ms "
+                  f"vs default {k['decode_default_total_ms']:.3f} ms (sum B=16,64,256)")
         for v in k.get("prefill_variants", []):
             print(f"  prefill attn 16x512: {v['ms']:.3f} ms {v['tflops']:.0f} TFLOP/s "
                   f"bm={v['block_m']} bn={v['block_n']} w={v['num_warps']} st={v['num_stages']}")
@@ -722,10 +860,17 @@ def print_table(r: dict) -> None:
               f"{d.get('forward_ms', 0):.2f} sample {d.get('sample_ms', 0):.2f} upd "
               f"{d.get('update_ms', 0):.2f}); roofline {d['roofline_ms']:.2f} ms; vLLM "
               f"{vllm.get(int(b), float('nan'))} ms")
+        if d.get("profile"):
+            print(f"   kernels B={b} (us/step, eager): {d['profile']['us_by_kind']} sum "
+                  f"{d['profile']['kernel_us_sum']}")
     t = e.get("throughput")
     if t:
         print(f"offline {t['requests']}x{t['input_len']}/{t['output_len']}: "
               f"{t['output_tok_per_s']:.0f} out tok/s ({t['elapsed_s']:.1f} s; vLLM 12100)")
+    p32 = r.get("parity32", {})
+    if "identical_sequences" in p32:
+        print(f"parity float32: triton==torch {p32['identical_sequences']}/{p32['prompts']} seqs, "
+              f"token match {p32['token_match_frac']:.3f}, first divergence {p32['first_divergence']}")
     h = r.get("hf", {})
     if "batched" in h:
         print(f"HF generate: B=1 step {h['b1']['step_ms']:.1f} ms; B={h['batched']['batch']} "

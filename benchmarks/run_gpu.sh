@@ -4,7 +4,7 @@
 # `pagefleet.server` onto server/. Arguments go to benchmarks/gpu_bench.py.
 set -o pipefail
 mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/pf:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/pf PYTHONUNBUFFERED=1   # not the repo root: operator/ would shadow the stdlib
 export OUT=${OUT:-/tmp/pagefleet-bench}
 mkdir -p "$OUT"
 # The 15 GB checkpoint goes to RAM (/dev/shm) when it has room, else to /tmp.

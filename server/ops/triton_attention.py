@@ -100,6 +100,8 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 def _dot(a, b, F32: tl.constexpr):
     if F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")   # float32 models: no tf32 rounding
     else:
         return tl.dot(a, b)
 
