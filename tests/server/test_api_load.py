@@ -176,3 +176,28 @@ def test_engine_death_fails_requests_and_health(model_dir):
             assert metric(srv.metrics(), "vllm:request_success_total", finished_reason="error") == 1
     finally:
         srv.stop()
+
+
+def test_logs_name_request_ids_not_text(model_dir, caplog):
+    """Prompt/output text stays out of the logs unless --enable-log-requests, and then
+    it is truncated to --max-log-len."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="pagefleet")
+    for enable, name in ((False, "quiet"), (True, "loud")):
+        srv = ThreadServer(model_dir, enable_log_requests=enable, max_log_len=12).start()
+        try:
+            caplog.clear()
+            r = httpx.post(srv.url + "/v1/completions", headers={"X-Request-Id": f"log-{name}"},
+                           json={"prompt": "zebra unicorn " * 10, "max_tokens": 3}, timeout=60)
+            assert r.status_code == 200
+            lines = [rec.getMessage() for rec in caplog.records]
+            assert any(f"log-{name}" in line and "received" in line for line in lines)
+            assert any(f"log-{name}" in line and "finished" in line for line in lines)
+            logged_prompt = [line for line in lines if "zebra" in line]
+            if enable:
+                assert logged_prompt and all("zebra unicorn zebra" not in x for x in logged_prompt)
+            else:
+                assert not logged_prompt
+        finally:
+            srv.stop()
