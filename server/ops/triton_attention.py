@@ -24,7 +24,8 @@ DECODE_CONFIG = {
     "block_n": 64,          # tokens per K/V tile
     "num_warps": 4,
     "num_stages": 2,
-    "partition": 256,       # tokens per split when the batch alone cannot fill the GPU
+    "partition": 512,       # most tokens per split when the batch alone cannot fill the GPU
+    "min_partition": 128,   # fewest; small batches use short splits (more programs)
     "target_programs": None,  # None: 2 x multiprocessor count
 }
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -197,9 +198,13 @@ def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.devic
     """(partition tokens, number of splits) for a decode launch. Depends only on static
     sizes (batch, block-table width), never on device values."""
     max_ctx = max(max_ctx, 1)
-    if batch * num_kv_heads >= _target_programs(device):
+    progs = batch * num_kv_heads
+    if progs >= _target_programs(device):
         return max_ctx, 1
-    part = max(DECODE_CONFIG["partition"], DECODE_CONFIG["block_n"])
+    cfg = DECODE_CONFIG
+    # Measured on the H200 (BENCHMARKS.md): 128 tokens per split at batch 1, 512 at 64.
+    part = min(max(_pow2(2 * progs), cfg.get("min_partition", 0)), cfg["partition"])
+    part = -(-max(part, cfg["block_n"]) // cfg["block_n"]) * cfg["block_n"]
     if part >= max_ctx:
         return max_ctx, 1
     return part, triton.cdiv(max_ctx, part)
