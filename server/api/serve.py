@@ -1,8 +1,10 @@
 """`pagefleet serve`: resolve the model, build the engine, run uvicorn, drain on SIGTERM.
 
 Shutdown follows what Kubernetes expects of a pod: on SIGTERM (or Ctrl-C) the server
-keeps listening but answers new generation requests with 503 and /health with 503
-(readiness drops, the endpoint is removed), lets in-flight requests finish for up to
+keeps listening but answers new generation requests with 503 (a terminating pod is
+already out of its Service; stragglers learn to retry elsewhere), keeps /health at 200
+while the engine lives (a failing liveness probe would cut the drain short), lets
+in-flight requests finish for up to
 `--shutdown-timeout` seconds, aborts the rest with an error response (nothing accepted
 ends silently), then stops uvicorn and exits 0. A second Ctrl-C forces the exit.
 """

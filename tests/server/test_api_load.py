@@ -201,3 +201,33 @@ def test_logs_name_request_ids_not_text(model_dir, caplog):
                 assert not logged_prompt
         finally:
             srv.stop()
+
+
+def test_drain_past_shutdown_timeout_answers_every_request(model_dir):
+    """What does not finish within --shutdown-timeout gets an error, never silence."""
+    srv = ThreadServer(model_dir, max_num_seqs=1, max_model_len=2048).start()
+    try:
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as c:
+                async def streamed():
+                    async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
+                        return r.status_code, (await r.aread()).decode()
+                running = asyncio.create_task(streamed())
+                queued = asyncio.create_task(c.post(srv.url + "/v1/completions",
+                                                    json={**LONG, "stream": False}))
+                await asyncio.to_thread(wait_for, lambda: metric(
+                    srv.metrics(), "vllm:num_requests_waiting") == 1, 60)
+                drain = asyncio.run_coroutine_threadsafe(srv.async_engine.drain(0.5),
+                                                         srv.async_engine._loop)
+                aborted = await asyncio.wrap_future(drain)
+                refused = await c.post(srv.url + "/v1/completions", json={"prompt": "x"})
+                return aborted, await running, await queued, refused
+        aborted, (status, body), queued, refused = asyncio.run(scenario())
+        assert aborted == 2
+        assert status == 200 and '"error"' in body and "shutting down" in body
+        assert body.rstrip().endswith("data: [DONE]")
+        assert queued.status_code == 503 and "shutting down" in queued.json()["error"]["message"]
+        assert refused.status_code == 503
+        wait_for(lambda: gauges_zero(srv), 60, what="gauges back to 0")
+    finally:
+        srv.stop()

@@ -51,17 +51,20 @@ def test_sigterm_drains_in_flight_and_exits_0(model_dir, tmp_path):
                         break
                     await asyncio.sleep(0.05)
                 srv.terminate()
-                # Draining: /health and new requests say 503 while the old ones finish.
+                # Draining: new requests get 503 while the old ones finish; /health
+                # stays 200 (the engine loop is alive) so liveness does not kill the drain.
                 for _ in range(600):
-                    if (await c.get(srv.url + "/health")).status_code == 503:
+                    late = await c.post(srv.url + "/v1/completions",
+                                        json={"prompt": "too late", "max_tokens": 2})
+                    if late.status_code == 503:
                         break
                     await asyncio.sleep(0.05)
-                late = await c.post(srv.url + "/v1/completions",
-                                    json={"prompt": "too late", "max_tokens": 2})
-                return await asyncio.gather(*tasks), late
+                health = (await c.get(srv.url + "/health")).status_code
+                return await asyncio.gather(*tasks), late, health
 
-        results, late = asyncio.run(scenario())
+        results, late, health = asyncio.run(scenario())
         assert late.status_code == 503 and late.json()["error"]["code"] == 503
+        assert "shutting down" in late.json()["error"]["message"] and health == 200
         for r in results:
             assert r.status_code == 200
             if r.headers["content-type"].startswith("application/json"):
