@@ -11,18 +11,22 @@ def hf_greedy(model_dir, prompts: list[list[int]], max_new: list[int]) -> list[l
     """Plain greedy loop over the HF model's own forward (KV cache on, EOS ignored)."""
     from transformers import AutoModelForCausalLM
 
+    import inspect
+
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
+    # transformers renamed past_key_values to cache (5.x); use whichever this one takes.
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     outs = []
     with torch.inference_mode():
         for ids, n in zip(prompts, max_new):
             out = model(input_ids=torch.tensor([ids]), use_cache=True)
-            past, gen = out.past_key_values, []
+            past, gen = getattr(out, "cache", None) or out.past_key_values, []
             tok = int(out.logits[0, -1].argmax())
             gen.append(tok)
             while len(gen) < n:
-                out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{cache_kw: past})
+                past = getattr(out, "cache", None) or out.past_key_values
                 tok = int(out.logits[0, -1].argmax())
                 gen.append(tok)
             outs.append(gen)
