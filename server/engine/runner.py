@@ -143,6 +143,8 @@ class ModelRunner:
 
     def _check_free_memory(self) -> None:
         """At startup, before anything is loaded: the requested share must be free."""
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(self.device)
         torch.cuda.init()
         torch.empty(1, device=self.device)   # create the context, so it counts as in use
@@ -324,10 +326,21 @@ class ModelRunner:
         max_bs = self._decode_sizes[-1]
         dev = self.device
         max_blocks = -(-self.max_model_len // self.block_size)
-        self._static_i64 = torch.zeros(3, max_bs, dtype=torch.long, device=dev)  # ids, pos, slot
+        pin = dev.type == "cuda"
+        # Rows: input ids, positions, slots, context lengths (padding rows: slot -1, ctx 0).
+        self._static_i64 = torch.zeros(4, max_bs, dtype=torch.long, device=dev)
         self._static_i64[2].fill_(-1)
-        self._static_ctx = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self._static_bt = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev)
+        # Host mirrors, written in place each step and sent in two copies. A block-table
+        # row is rewritten only when its request changed; a request's block list (the
+        # KV manager's own list object) only grows, so otherwise just its tail is new.
+        self._host_i64 = torch.zeros(4, max_bs, dtype=torch.long, pin_memory=pin)
+        self._host_i64[2].fill_(-1)
+        self._host_bt = torch.zeros(max_bs, max_blocks, dtype=torch.int32, pin_memory=pin)
+        self._host_i64_np, self._host_bt_np = self._host_i64.numpy(), self._host_bt.numpy()
+        self._bt_src: list[list[int] | None] = [None] * max_bs
+        self._bt_len = [0] * max_bs
+        self._copied: torch.cuda.Event | None = None
         if self.config.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager); decode batches padded to %s",
                      self._decode_sizes)
@@ -351,7 +364,7 @@ class ModelRunner:
     def _static_meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
             positions=self._static_i64[1, :bs], slot_mapping=self._static_i64[2, :bs],
-            cu_seqlens_q=self._static_ctx[:0], context_lens=self._static_ctx[:bs],
+            cu_seqlens_q=self._static_i64[3, :0], context_lens=self._static_i64[3, :bs],
             block_tables=self._static_bt[:bs], max_query_len=1)
 
     def _decode_forward(self, bs: int) -> torch.Tensor:
@@ -363,23 +376,35 @@ class ModelRunner:
         n = len(scheduled)
         bs_pad = next(b for b in self._decode_sizes if b >= n)
         blk = self.block_size
-        packed = np.empty((3, n), dtype=np.int64)
-        width = max(len(t) for t in block_tables)
-        tables = np.zeros((n, width), dtype=np.int32)
+        if self._copied is not None:
+            self._copied.synchronize()   # the host mirrors are free to overwrite
+        h, bt = self._host_i64_np, self._host_bt_np
+        src, lens = self._bt_src, self._bt_len
+        ids, pos, slots = [], [], []
         for i, (s, table) in enumerate(zip(scheduled, block_tables)):
             r = s.request
             p = r.num_computed_tokens
-            packed[0, i] = r.all_token_ids[p]
-            packed[1, i] = p
-            packed[2, i] = table[p // blk] * blk + p % blk
-            tables[i, :len(table)] = table
-        ctx = (packed[1] + 1).astype(np.int32)
-        self._static_i64[:, :n].copy_(torch.from_numpy(packed))
-        self._static_ctx[:n].copy_(torch.from_numpy(ctx))
-        self._static_bt[:n, :width].copy_(torch.from_numpy(tables))
-        if bs_pad > n:
-            self._static_i64[2, n:bs_pad].fill_(-1)
-            self._static_ctx[n:bs_pad].fill_(0)
+            ids.append(r.all_token_ids[p])
+            pos.append(p)
+            slots.append(table[p // blk] * blk + p % blk)
+            size = len(table)
+            if src[i] is not table or lens[i] > size:
+                bt[i, :size] = table
+                src[i], lens[i] = table, size
+            elif lens[i] < size:
+                bt[i, lens[i]:size] = table[lens[i]:]
+                lens[i] = size
+        h[0, :n] = ids
+        h[1, :n] = pos
+        h[2, :n] = slots
+        h[3, :n] = h[1, :n] + 1
+        h[2, n:bs_pad] = -1
+        h[3, n:bs_pad] = 0
+        self._static_i64.copy_(self._host_i64, non_blocking=True)
+        self._static_bt[:n].copy_(self._host_bt[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self.last_prepare_s = time.perf_counter() - t0
         if bs_pad in self._graphs:
             graph, out = self._graphs[bs_pad]

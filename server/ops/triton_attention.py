@@ -22,8 +22,8 @@ import triton.language as tl
 # Launch parameters; benchmarks/ sweeps them on the GPU, tests shrink them.
 DECODE_CONFIG = {
     "block_n": 64,          # tokens per K/V tile
-    "num_warps": 4,
-    "num_stages": 2,
+    "num_warps": 2,         # H200 sweep, 2026-11-29 (BENCHMARKS.md)
+    "num_stages": 3,
     "partition": 512,       # most tokens per split when the batch alone cannot fill the GPU
     "min_partition": 128,   # fewest; small batches use short splits (more programs)
     "target_programs": None,  # None: 2 x multiprocessor count

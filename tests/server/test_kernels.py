@@ -261,8 +261,11 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
 
     model_dir = tiny_models("qwen3-kernels", arch="qwen3", num_layers=2)
     shared = random_prompts(3, [40], 512)[0]
-    prompts = [shared + t for t in random_prompts(4, [3, 21], 512)] + random_prompts(5, [50], 512)
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = [shared + t for t in random_prompts(4, [3, 21], 512)] + random_prompts(5, [50, 20], 512)
+    # Different lengths: requests finish at different steps, so decode rows shift and
+    # block tables grow across block boundaries (the padded path's host mirrors).
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (6, 3, 9, 5)]
     outs = {}
     for name, ops, padded in (("torch", Ops, False), ("triton", TritonOps, False),
                               ("triton-padded", TritonOps, True)):
@@ -273,8 +276,8 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
         if padded:   # the CUDA decode path (static buffers, padded batch), run eagerly
             runner._setup_decode_path()
             assert runner._decode_sizes == [1, 2, 3]
-        first = llm.generate(prompts[:1], params)
-        rest = llm.generate(prompts[1:], params)
+        first = llm.generate(prompts[:1], params[:1])
+        rest = llm.generate(prompts[1:], params[1:])
         outs[name] = [o.outputs[0].token_ids for o in first + rest]
         assert llm.stats()["prefix_cache_hits"] > 0
         llm.engine.kv.check_whole()
