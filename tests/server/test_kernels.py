@@ -267,8 +267,9 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in (6, 3, 9, 5)]
     outs = {}
-    for name, ops, padded in (("torch", Ops, False), ("triton", TritonOps, False),
-                              ("triton-padded", TritonOps, True)):
+    # Triton through the CUDA decode path (static buffers, padded batch; eager here),
+    # prefill and mixed steps through the flat path.
+    for name, ops, padded in (("torch", Ops, False), ("triton-padded", TritonOps, True)):
         llm = LLM(model_dir, max_model_len=256, max_num_seqs=3, max_num_batched_tokens=32,
                   block_size=16, enforce_eager=True)
         runner = llm.engine.runner
@@ -281,6 +282,5 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
         outs[name] = [o.outputs[0].token_ids for o in first + rest]
         assert llm.stats()["prefix_cache_hits"] > 0
         llm.engine.kv.check_whole()
-    assert outs["triton"] == outs["torch"]
     assert outs["triton-padded"] == outs["torch"]
     assert sum(len(set(s)) for s in outs["torch"]) >= 3 * len(prompts)
