@@ -119,8 +119,13 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, priority: int = 0, arrival_time: float | None = None) -> Request:
-        """Validate and queue a request; raises RequestRejected for what can never run."""
+                    *, priority: int = 0, arrival_time: float | None = None,
+                    stream: bool = True) -> Request:
+        """Validate and queue a request; raises RequestRejected for what can never run.
+
+        `stream=False` returns the request's output only once, when it finishes: the
+        offline API needs no per-step outputs, and building them costs host time on
+        every step."""
         if request_id in self.scheduler.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
         if isinstance(prompt, str):
@@ -151,6 +156,7 @@ class LLMEngine:
         req = Request(request_id, ids, params, prompt=text, priority=priority,
                       arrival_time=arrival_time, eos_token_ids=self.eos_token_ids, generator=gen)
         req.max_tokens = max_tokens
+        req.stream = stream
         self._detok[request_id] = self.detokenizer.start(ids, params.skip_special_tokens)
         self.scheduler.add(req)
         return req
@@ -174,36 +180,42 @@ class LLMEngine:
 
     # -- stepping --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One engine step; returns the outputs of requests that progressed (streamed
+        requests every step, the others when they finish)."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
         scheduled = sched.scheduled
-        sampling = [s for s in scheduled if s.samples]
-        tables = [self.kv.blocks_of(s.request.request_id) for s in scheduled]
+        sampling = [s.request for s in scheduled if s.samples]
+        blocks_of = self.kv.blocks_of
+        tables = [blocks_of(s.request.request_id) for s in scheduled]
         logits = self.runner.execute(scheduled, tables)
-        result = self.sampler(logits, [s.request for s in sampling]) if sampling else None
+        result = self.sampler(logits, sampling) if sampling else None
         self.scheduler.advance(sched)
         outputs = []
         now = time.time()
-        for i, s in enumerate(sampling):
-            req = s.request
-            req.append_token(result.token_ids[i])
-            self.generation_tokens_total += 1
-            if req.logprobs is not None:
-                req.logprobs.append(result.logprobs[i])
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
+        self.generation_tokens_total += len(sampling)
+        check_stop, make_output = self._check_stop, self._output
+        for req, token, lp in zip(sampling, result.token_ids if result else (),
+                                  result.logprobs if result else ()):
+            req.append_token(token)
+            if lp is not None:
+                req.logprobs.append(lp)
+            metrics = req.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
                 self.prompt_tokens_total += req.num_prompt_tokens   # as vLLM counts them
-            req.metrics.last_token_time = now
-            self._check_stop(req)
+            metrics.last_token_time = now
+            check_stop(req, token)
             if req.is_finished:
-                req.metrics.finished_time = now
-            outputs.append(self._output(req))
+                metrics.finished_time = now
+                outputs.append(make_output(req))
+            elif req.stream:
+                outputs.append(make_output(req))
         return outputs
 
-    def _check_stop(self, req: Request) -> None:
+    def _check_stop(self, req: Request, token: int) -> None:
         p = req.params
-        token = req.output_token_ids[-1]
         state = self._detok[req.request_id]
         before = len(state.text)
         self.detokenizer.step(state, token)

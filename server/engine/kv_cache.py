@@ -114,8 +114,14 @@ class KVCacheManager:
         `computed_blocks` are prefix-cache hits to take first. Returns False, changing
         nothing, when the pool cannot supply the blocks.
         """
+        rb = self.req_blocks.get(req.request_id)
+        if rb is not None and not computed_blocks and \
+                (req.num_computed_tokens + num_new_tokens + self.block_size - 1) // self.block_size \
+                <= len(rb.blocks):
+            return True   # the common decode step: room left in the last block
         computed_blocks = computed_blocks or []
-        rb = self.req_blocks.setdefault(req.request_id, _ReqBlocks())
+        if rb is None:
+            rb = self.req_blocks[req.request_id] = _ReqBlocks()
         num_computed = req.num_computed_tokens + len(computed_blocks) * self.block_size
         need = self.blocks_needed(num_computed + num_new_tokens) - len(rb.blocks) - len(computed_blocks)
         # Hits that sit in the free list leave it when taken, so they count against it too.
@@ -148,8 +154,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         rb = self.req_blocks.get(req.request_id)
-        if rb is None:
-            return
+        if rb is None or req.num_computed_tokens // self.block_size <= rb.num_published:
+            return   # no block became full since the last call
         hashes = self._block_hashes(req, req.num_computed_tokens)
         for i in range(rb.num_published, len(hashes)):
             block = self.blocks[rb.blocks[i]]

@@ -38,7 +38,8 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0,
+                                        stream=False)
                 ids.append(rid)
         except Exception:
             for rid in ids:

@@ -47,6 +47,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0          # prefix-cache hit on first scheduling
         self.num_preemptions = 0
+        self.stream = True                  # emit an output every step, not only at the end
         self.max_tokens = params.max_tokens
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -89,23 +89,36 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
         raw = logits = logits.float()   # raw stays untouched, for logprobs
-        params = [r.params for r in reqs]
         dev = self.device
+        greedy_rows, random_rows, want, min_rows = [], [], [], []
+        penalties = False
+        for i, r in enumerate(reqs):       # one pass over the batch: it is on the hot path
+            p = r.params
+            (greedy_rows if p.greedy else random_rows).append(i)
+            penalties = penalties or p.has_penalties
+            if p.logprobs is not None:
+                want.append(i)
+            if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
+                min_rows.append(i)
+        if not (random_rows or penalties or min_rows or want):
+            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(reqs))
+        params = [r.params for r in reqs]
 
         def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=dev)
 
-        if any(p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty for p in params):
+        if penalties:
             prompt_mask, counts = self._penalty_inputs(reqs)
             logits = apply_penalties(logits, prompt_mask, counts,
                                      col([p.repetition_penalty for p in params]),
                                      col([p.frequency_penalty for p in params]),
                                      col([p.presence_penalty for p in params]))
-        # min_tokens: EOS and stop tokens are not allowed yet.
-        if logits is raw and any(len(r.output_token_ids) < r.params.min_tokens for r in reqs):
-            logits = raw.clone()
-        for i, r in enumerate(reqs):
-            if len(r.output_token_ids) < r.params.min_tokens:
+        if min_rows:
+            # min_tokens: EOS and stop tokens are not allowed yet.
+            if logits is raw:
+                logits = raw.clone()
+            for i in min_rows:
+                r = reqs[i]
                 banned = list(r.params.stop_token_ids or [])
                 if not r.params.ignore_eos:
                     banned += list(r.eos_token_ids)
@@ -113,13 +126,13 @@ class Sampler:
                 if banned:
                     logits[i, banned] = float("-inf")
 
-        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
-        tokens = torch.empty(len(reqs), dtype=torch.long, device=dev)
-        if greedy_rows:
-            g = torch.tensor(greedy_rows, device=dev)
-            tokens[g] = logits[g].argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if random_rows:
+        if not random_rows:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = torch.empty(len(reqs), dtype=torch.long, device=dev)
+            if greedy_rows:
+                g = torch.tensor(greedy_rows, device=dev)
+                tokens[g] = logits[g].argmax(dim=-1)
             r_idx = torch.tensor(random_rows, device=dev)
             rp = [params[i] for i in random_rows]
             scaled = logits[r_idx] / col([p.temperature for p in rp]).unsqueeze(1)
@@ -135,7 +148,6 @@ class Sampler:
 
         token_list = tokens.tolist()
         logprobs: list[dict[int, float] | None] = [None] * len(reqs)
-        want = [i for i, p in enumerate(params) if p.logprobs is not None]
         if want:
             w = torch.tensor(want, device=dev)
             lp = torch.log_softmax(raw[w], dim=-1)

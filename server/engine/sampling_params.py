@@ -33,6 +33,9 @@ class SamplingParams:
     logprobs: int | None = None     # top-N logprobs per generated token
     skip_special_tokens: bool = True
     stop_strings: tuple[str, ...] = field(init=False, default=())
+    # Derived once, read every step by the sampler.
+    greedy: bool = field(init=False, default=False)
+    has_penalties: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -42,10 +45,9 @@ class SamplingParams:
             stop = [stop]
         self.stop_strings = tuple(s for s in stop if s)
         self.validate()
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-5
+        self.greedy = self.temperature < 1e-5
+        self.has_penalties = bool(self.repetition_penalty != 1 or self.frequency_penalty
+                                  or self.presence_penalty)
 
     def validate(self) -> None:
         def need(cond: bool, param: str, msg: str) -> None:

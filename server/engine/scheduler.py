@@ -97,8 +97,10 @@ class Scheduler:
         chosen: dict[str, ScheduledRequest] = {}
 
         # Running requests: decodes first, then prefill chunks, each in admission order.
-        ordered = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
-        for req in ordered:
+        decodes, chunks = [], []
+        for req in self.running:
+            (decodes if req.num_tokens - req.num_computed_tokens <= 1 else chunks).append(req)
+        for req in decodes + chunks:
             if req.status is not Status.RUNNING:
                 continue   # preempted earlier in this step
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
