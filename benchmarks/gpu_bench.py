@@ -372,10 +372,13 @@ class StepTimer:
             self.cur["schedule"] += time.perf_counter() - t
             return r
 
-        def timed_execute(scheduled, tables):
+        overlapped = eng.config.async_scheduling
+
+        def timed_execute(scheduled, tables, *rest):
             t = time.perf_counter()
-            r = execute(scheduled, tables)
-            torch.cuda.synchronize()
+            r = execute(scheduled, tables, *rest)
+            if not overlapped:   # with async scheduling a sync here would undo the overlap
+                torch.cuda.synchronize()
             dt = time.perf_counter() - t
             self.cur["prepare"] += runner.last_prepare_s
             self.cur["forward"] += dt - runner.last_prepare_s
@@ -387,6 +390,12 @@ class StepTimer:
             def __call__(_, logits, reqs):
                 t = time.perf_counter()
                 r = sampler(logits, reqs)
+                self.cur["sample"] += time.perf_counter() - t
+                return r
+
+            def sample(_, logits, reqs):
+                t = time.perf_counter()
+                r = sampler.sample(logits, reqs)
                 self.cur["sample"] += time.perf_counter() - t
                 return r
 

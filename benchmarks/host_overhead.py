@@ -54,7 +54,7 @@ def main() -> None:
     timed(eng.scheduler, "schedule", "schedule")
     timed(eng.runner.model, "forward", "forward (CPU model, excluded)")
     timed(eng.runner.model, "compute_logits", "logits (CPU model, excluded)")
-    timed(eng, "sampler", "sample")
+    timed(eng.sampler, "sample", "sample")
     timed(eng.runner, "prepare", "prepare (CPU path)")
     timed(eng.scheduler, "advance", "advance")
     n, t0 = 0, time.perf_counter()

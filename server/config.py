@@ -66,6 +66,9 @@ class EngineConfig:
                                  "'priority' value first, then arrival.",
                                  choices=("fcfs", "priority"))
     enforce_eager: bool = opt(False, "Disable CUDA graphs.")
+    async_scheduling: bool = opt(True, "Queue the next decode step on the device before "
+                                 "reading back this one's tokens, so host work overlaps "
+                                 "the forward (outputs are the same).")
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
     tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")

@@ -23,7 +23,8 @@ from pagefleet.server.engine.request import Request
 from pagefleet.server.engine.runner import ModelRunner
 from pagefleet.server.engine.sampler import Sampler
 from pagefleet.server.engine.sampling_params import SamplingParams, SamplingParamsError
-from pagefleet.server.engine.scheduler import Scheduler
+from pagefleet.server.engine.sampler import PendingSample
+from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
 from pagefleet.server.models.config import ModelConfig, generation_defaults
 
 log = logging.getLogger("pagefleet.engine")
@@ -46,6 +47,16 @@ class PromptTooLongError(RequestRejected):
             f"{completion} in the completion). Please reduce the length of the messages or "
             "completion.", param="messages")
         self.prompt_len, self.max_tokens, self.max_model_len = prompt_len, max_tokens, max_model_len
+
+
+@dataclass
+class _Inflight:
+    """A step whose forward is queued: what it runs, who samples, and the sample."""
+
+    sched: SchedulerOutput
+    sampling: list[Request]
+    logits: torch.Tensor | None
+    pending: PendingSample | None = None
 
 
 @dataclass
@@ -94,13 +105,16 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    enable_chunked_prefill=config.enable_chunked_prefill,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy,
+                                   max_model_len=self.max_model_len)
         self.sampler = Sampler(self.model_cfg.vocab_size, self.device)
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._detok: dict[str, DetokState] = {}
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self._inflight: _Inflight | None = None    # a launched step not read back yet
+        self.num_overlapped_steps = 0
 
     def _max_model_len(self) -> int:
         limit = self.model_cfg.max_position_embeddings
@@ -176,29 +190,76 @@ class LLMEngine:
         return req is not None and req.metrics.first_scheduled_time is None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # -- stepping --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the outputs of requests that progressed (streamed
-        requests every step, the others when they finish)."""
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
+        requests every step, the others when they finish).
+
+        With async scheduling a pure-decode step is followed at once by its
+        continuation: the next forward is queued on the device before this step's
+        tokens are read back, and the host's per-request work (stop checks,
+        detokenization, outputs) runs while the device computes. Outputs then come
+        one step later; nothing else changes.
+        """
+        prev = self._inflight
+        self._inflight = None
+        if prev is None:
+            sched = self.scheduler.schedule()
+            if sched.is_empty:
+                return []
+            prev = self._launch(sched)
+            self._sample(prev)
+            if not self.config.async_scheduling:
+                return self._finish(prev)
+        pure_decode = len(prev.sampling) == len(prev.sched.scheduled) and \
+            all(s.num_new_tokens == 1 for s in prev.sched.scheduled)
+        nxt_sched = self.scheduler.schedule_continuation(prev.sched) if pure_decode else None
+        if nxt_sched is None:
+            return self._finish(prev)
+        nxt = self._launch(nxt_sched, prev)
+        self.num_overlapped_steps += 1
+        outputs = self._finish(prev)
+        self.scheduler.advance(nxt_sched)      # its input tokens are known now
+        self._sample(nxt)
+        self._inflight = nxt
+        return outputs
+
+    def _launch(self, sched: SchedulerOutput, prev: "_Inflight | None" = None) -> "_Inflight":
+        """Queue a step's forward. A step whose inputs are all on the host counts them
+        as computed right away; a continuation waits for `prev`'s tokens."""
         scheduled = sched.scheduled
         sampling = [s.request for s in scheduled if s.samples]
         blocks_of = self.kv.blocks_of
         tables = [blocks_of(s.request.request_id) for s in scheduled]
-        logits = self.runner.execute(scheduled, tables)
-        result = self.sampler(logits, sampling) if sampling else None
-        self.scheduler.advance(sched)
+        if prev is None:
+            logits = self.runner.execute(scheduled, tables)
+            self.scheduler.advance(sched)
+        else:
+            row_of = {id(r): i for i, r in enumerate(prev.sampling)}
+            logits = self.runner.execute(scheduled, tables, prev.pending.tokens,
+                                         [row_of[id(s.request)] for s in scheduled])
+        return _Inflight(sched, sampling, logits)
+
+    def _sample(self, step: "_Inflight") -> None:
+        step.pending = self.sampler.sample(step.logits, step.sampling) if step.sampling else None
+        step.logits = None
+
+    def _finish(self, step: "_Inflight") -> list[RequestOutput]:
+        """Read a step's tokens back and update its requests. Requests that finished or
+        were aborted meanwhile are skipped: their token is dropped."""
+        if step.pending is None:
+            return []
+        result = step.pending.resolve()
         outputs = []
         now = time.time()
-        self.generation_tokens_total += len(sampling)
         check_stop, make_output = self._check_stop, self._output
-        for req, token, lp in zip(sampling, result.token_ids if result else (),
-                                  result.logprobs if result else ()):
+        for req, token, lp in zip(step.sampling, result.token_ids, result.logprobs):
+            if req.is_finished:
+                continue
             req.append_token(token)
+            self.generation_tokens_total += 1
             if lp is not None:
                 req.logprobs.append(lp)
             metrics = req.metrics

@@ -275,7 +275,9 @@ class ModelRunner:
             start, end = r.num_computed_tokens, r.num_computed_tokens + num_new[i]
             a, b = cu[i], cu[i + 1]
             if end - start == 1:
-                input_ids[a] = r.all_token_ids[start]
+                # A pending token (async scheduling) is not on the host yet: 0 stands
+                # in, and the device copy replaces it.
+                input_ids[a] = r.all_token_ids[start] if start < len(r.all_token_ids) else 0
                 positions[a] = start
             else:
                 input_ids[a:b] = r.all_token_ids[start:end]
@@ -297,14 +299,21 @@ class ModelRunner:
         return torch.from_numpy(input_ids).to(dev), meta, sample_rows
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest],
-                block_tables: list[list[int]]) -> torch.Tensor:
-        """Logits `[num_sampling_rows, vocab]` (float32) for the rows that sample."""
+    def execute(self, scheduled: list[ScheduledRequest], block_tables: list[list[int]],
+                prev_tokens: torch.Tensor | None = None,
+                prev_rows: list[int] | None = None) -> torch.Tensor:
+        """Logits `[num_sampling_rows, vocab]` (float32) for the rows that sample.
+
+        With `prev_tokens` (async scheduling) every row is a decode whose input is
+        `prev_tokens[prev_rows[i]]`, the previous step's sample, read on the device.
+        """
         if (self._decode_sizes and len(scheduled) <= self._decode_sizes[-1]
                 and all(s.num_new_tokens == 1 for s in scheduled)):
-            return self._execute_decode(scheduled, block_tables)
+            return self._execute_decode(scheduled, block_tables, prev_tokens, prev_rows)
         t0 = time.perf_counter()
         input_ids, meta, rows = self.prepare(scheduled, block_tables)
+        if prev_tokens is not None:
+            input_ids = self._gather_pending(prev_tokens, prev_rows)
         self.last_prepare_s = time.perf_counter() - t0
         hidden = self.model(input_ids, meta)
         if not rows:
@@ -370,8 +379,15 @@ class ModelRunner:
     def _decode_forward(self, bs: int) -> torch.Tensor:
         return self.model(self._static_i64[0, :bs], self._static_meta(bs))
 
-    def _execute_decode(self, scheduled: list[ScheduledRequest],
-                        block_tables: list[list[int]]) -> torch.Tensor:
+    def _gather_pending(self, prev_tokens: torch.Tensor, prev_rows: list[int]) -> torch.Tensor:
+        index = torch.tensor(prev_rows, dtype=torch.long)
+        if self.device.type == "cuda":
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        return prev_tokens.index_select(0, index)
+
+    def _execute_decode(self, scheduled: list[ScheduledRequest], block_tables: list[list[int]],
+                        prev_tokens: torch.Tensor | None = None,
+                        prev_rows: list[int] | None = None) -> torch.Tensor:
         t0 = time.perf_counter()
         n = len(scheduled)
         bs_pad = next(b for b in self._decode_sizes if b >= n)
@@ -384,7 +400,7 @@ class ModelRunner:
         for i, (s, table) in enumerate(zip(scheduled, block_tables)):
             r = s.request
             p = r.num_computed_tokens
-            ids.append(r.all_token_ids[p])
+            ids.append(r.all_token_ids[p] if p < len(r.all_token_ids) else 0)
             pos.append(p)
             slots.append(table[p // blk] * blk + p % blk)
             size = len(table)
@@ -402,6 +418,8 @@ class ModelRunner:
         h[3, n:bs_pad] = 0
         self._static_i64.copy_(self._host_i64, non_blocking=True)
         self._static_bt[:n].copy_(self._host_bt[:n], non_blocking=True)
+        if prev_tokens is not None:
+            self._static_i64[0, :n] = self._gather_pending(prev_tokens, prev_rows)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()

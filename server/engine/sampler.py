@@ -69,6 +69,48 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """Start a device->host copy without waiting for it (pinned memory on CUDA)."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+class PendingSample:
+    """Sampled tokens still on the device, with their copy to the host under way.
+
+    `tokens` stays on the device so that the next step's forward can read its input
+    ids from it before the host has seen them (async scheduling); `resolve()` waits for
+    the copy alone, not for whatever was queued on the device after it.
+    """
+
+    def __init__(self, tokens: torch.Tensor, logprob_parts: tuple | None,
+                 want: list[int], n_top: list[int]) -> None:
+        self.tokens = tokens
+        self._host = [_to_host(tokens)] + [_to_host(t) for t in (logprob_parts or ())]
+        self._want, self._n_top = want, n_top
+        self._event = None
+        if tokens.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def resolve(self) -> SampleResult:
+        if self._event is not None:
+            self._event.synchronize()
+        token_list = self._host[0].tolist()
+        logprobs: list[dict[int, float] | None] = [None] * len(token_list)
+        if self._want:
+            top_vals, top_ids, chosen = (t.tolist() for t in self._host[1:])
+            for j, i in enumerate(self._want):
+                n = self._n_top[j]
+                entry = dict(zip(top_ids[j][:n], top_vals[j][:n]))
+                entry[token_list[i]] = chosen[j]
+                logprobs[i] = entry
+        return SampleResult(token_list, logprobs)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -88,6 +130,10 @@ class Sampler:
         return prompt_mask, counts
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+        return self.sample(logits, reqs).resolve()
+
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> PendingSample:
+        """Queue the sampling of one token per row; reads each request's state now."""
         raw = logits = logits.float()   # raw stays untouched, for logprobs
         dev = self.device
         greedy_rows, random_rows, want, min_rows = [], [], [], []
@@ -101,7 +147,7 @@ class Sampler:
             if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
                 min_rows.append(i)
         if not (random_rows or penalties or min_rows or want):
-            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(reqs))
+            return PendingSample(logits.argmax(dim=-1), None, [], [])
         params = [r.params for r in reqs]
 
         def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -146,19 +192,11 @@ class Sampler:
                 for i in random_rows])
             tokens[r_idx] = (probs / noise).argmax(dim=-1)
 
-        token_list = tokens.tolist()
-        logprobs: list[dict[int, float] | None] = [None] * len(reqs)
-        if want:
-            w = torch.tensor(want, device=dev)
-            lp = torch.log_softmax(raw[w], dim=-1)
-            n_top = max(params[i].logprobs for i in want)
-            top_vals, top_ids = lp.topk(max(n_top, 1), dim=-1) if n_top else (None, None)
-            for j, i in enumerate(want):
-                entry: dict[int, float] = {}
-                n = params[i].logprobs
-                if n and top_ids is not None:
-                    for t, val in zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist()):
-                        entry[t] = val
-                entry[token_list[i]] = lp[j, token_list[i]].item()
-                logprobs[i] = entry
-        return SampleResult(token_list, logprobs)
+        if not want:
+            return PendingSample(tokens, None, [], [])
+        w = torch.tensor(want, device=dev)
+        lp = torch.log_softmax(raw[w], dim=-1)
+        n_top = [params[i].logprobs for i in want]
+        top_vals, top_ids = lp.topk(max(max(n_top), 1), dim=-1)
+        chosen = lp.gather(1, tokens[w].unsqueeze(1)).squeeze(1)
+        return PendingSample(tokens, (top_vals, top_ids, chosen), want, n_top)

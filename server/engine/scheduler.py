@@ -24,12 +24,15 @@ from pagefleet.server.engine.request import Request, Status
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
+    # The input is the token the previous step is still sampling (async scheduling):
+    # the runner reads it from the device, and the step always samples.
+    pending: bool = False
 
     @property
     def samples(self) -> bool:
         """Whether this step completes the request's known tokens, so it yields a token."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return self.pending or r.num_computed_tokens + self.num_new_tokens == r.num_tokens
 
 
 @dataclass
@@ -48,8 +51,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool, policy: str = "fcfs") -> None:
+                 enable_chunked_prefill: bool, policy: str = "fcfs",
+                 max_model_len: int = 1 << 62) -> None:
         self.kv = kv
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -147,8 +152,40 @@ class Scheduler:
         out.scheduled = list(chosen.values())
         return out
 
+    def schedule_continuation(self, prev: SchedulerOutput) -> SchedulerOutput | None:
+        """Async scheduling: the next step for a pure-decode step still in flight.
+
+        Each request of `prev` decodes once more from the token `prev` is sampling,
+        before the host knows it. Only when that is surely what `schedule()` would do
+        after `prev`: nobody waiting could be admitted, and every request has room in
+        the pool without preempting. Requests that `prev` surely finishes (max_tokens,
+        max_model_len) are left out; those that stop on a token or string are found
+        out while this step runs, and its token for them is dropped.
+        `prev` must be a pure-decode step (every request one token, every one sampling).
+        Returns None when the engine should finish `prev` first and schedule afresh.
+        """
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            return None
+        out = SchedulerOutput()
+        for s in prev.scheduled:
+            r = s.request
+            if r.status is not Status.RUNNING:
+                continue
+            n_out = len(r.output_token_ids) + 1          # with the token in flight
+            if n_out >= r.max_tokens or r.num_tokens + 1 >= self.max_model_len:
+                if self.waiting:
+                    return None   # a seat frees up: admit from the queue instead
+                continue
+            if not self.kv.allocate_slots(r, 1):
+                return None
+            out.scheduled.append(ScheduledRequest(r, 1, pending=True))
+        return out if out.scheduled else None
+
     def advance(self, out: SchedulerOutput) -> None:
-        """After the step ran: count the computed tokens and publish full blocks."""
+        """Once a step's input tokens are all known: count them as computed and publish
+        the blocks they fill (the device runs them before anything that reads them)."""
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_computed_blocks(s.request)
+            r = s.request
+            if r.status is Status.RUNNING:
+                r.num_computed_tokens += s.num_new_tokens
+                self.kv.cache_computed_blocks(r)

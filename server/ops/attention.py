@@ -72,8 +72,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         qb = q[s:e].float().view(q_len, num_kv_heads, group, -1)
         # scores: [kv_heads, group, q_len, c_len]
         scores = torch.einsum("qhgd,khd->hgqk", qb, k.float()) * scale
-        q_pos = torch.arange(c_len - q_len, c_len).unsqueeze(1)
-        k_pos = torch.arange(c_len).unsqueeze(0)
+        q_pos = torch.arange(c_len - q_len, c_len, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(c_len, device=q.device).unsqueeze(0)
         scores.masked_fill_(k_pos > q_pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         o = torch.einsum("hgqk,khd->qhgd", probs, v.float())
@@ -102,7 +102,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     v = v.float() * (v_scale if v_cache.dtype != q.dtype else 1.0)
     qf = q.float().view(batch, num_kv_heads, group, head_dim)
     scores = torch.einsum("bhgd,bkhd->bhgk", qf, k) * scale
-    pos = torch.arange(n_blocks * block_size)
+    pos = torch.arange(n_blocks * block_size, device=q.device)
     mask = pos.unsqueeze(0) >= context_lens.unsqueeze(1)  # [batch, keys]
     scores.masked_fill_(mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
