@@ -148,8 +148,9 @@ class KVCacheManager:
     def cache_computed_blocks(self, req: Request) -> None:
         """Publish the hashes of the request's full blocks whose KV is now computed.
 
-        Called after the step ran, never at scheduling: a block published before its
-        KV is written could be hit by a request whose writer then gets preempted.
+        Called once the step that writes them is launched (the device runs it before
+        any later step that reads them), never at scheduling: a block published then
+        could be hit by a request whose writer is preempted in the same pass.
         """
         if not self.enable_prefix_caching:
             return
