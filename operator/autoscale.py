@@ -14,7 +14,10 @@ because users already reason in them and already tune KEDA/HPA rules on
 - stabilization: scale up to the lowest recommendation of the last
   scaleUpStabilizationSeconds (0: at once), scale down to the highest
   recommendation of the last scaleDownStabilizationSeconds. This is what stops
-  a bursty queue from flapping the fleet.
+  a bursty queue from flapping the fleet;
+- HPA's default scale-up policy: within any 15 s, at most +100 % or +4 pods
+  (whichever is more) over the size at the period's start, so one burst does not
+  ask the cluster for dozens of GPUs at once.
 
 Time is passed in (monotonic seconds), so tests drive it.
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pagefleet.operator.spec import AutoscalingSpec
 
 TOLERANCE = 0.1
+SCALE_UP_PERIOD_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,12 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class ScaleUp:
+    at: float
+    added: int
+
+
+@dataclass(frozen=True)
 class Decision:
     replicas: int                         # what the Deployment should have now
     recommendation: int                   # this evaluation's (clamped) recommendation
@@ -53,6 +63,7 @@ class Decision:
     reported: int                         # pods that reported it
     history: tuple[Recommendation, ...]   # to pass to the next evaluation
     reason: str                           # one line for the Event and the log
+    scale_ups: tuple[ScaleUp, ...] = ()   # to pass to the next evaluation
 
 
 def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
@@ -98,12 +109,19 @@ def stabilize(current: int, recommendation: int, history: Sequence[Recommendatio
     return replicas, new_history
 
 
+def scale_up_limit(current: int, scale_ups: Sequence[ScaleUp], now: float) -> int:
+    """HPA's default scale-up policy: max(+100 %, +4 pods) per 15 s period, counted
+    from the size the Deployment had at the start of the period."""
+    start = current - sum(e.added for e in scale_ups if e.at > now - SCALE_UP_PERIOD_S)
+    return max(2 * start, start + 4)
+
+
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
 def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
-           policy: AutoscalingSpec, now: float) -> Decision:
+           policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = ()) -> Decision:
     """One autoscaler evaluation."""
     raw = metric_replicas(samples, current, policy.target_waiting_requests)
     recommendation = max(policy.min_replicas, min(policy.max_replicas, raw))
@@ -111,6 +129,14 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
                                         policy.scale_up_stabilization_seconds,
                                         policy.scale_down_stabilization_seconds)
     replicas = max(policy.min_replicas, min(policy.max_replicas, stabilized))
+    rate_limited = False
+    if replicas > current:
+        limit = max(scale_up_limit(current, scale_ups, now), current)
+        rate_limited = replicas > limit
+        replicas = min(replicas, limit)
+    recent = tuple(e for e in scale_ups if e.at > now - SCALE_UP_PERIOD_S)
+    if replicas > current:
+        recent += (ScaleUp(now, replicas - current),)
     reported = [s.value for s in samples if s.ready and s.value is not None]
     waiting = float(sum(reported))
     why = f"{_fmt(waiting)} waiting, target {_fmt(policy.target_waiting_requests)} per replica"
@@ -118,6 +144,8 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
         why += f" (capped at maxReplicas {policy.max_replicas})"
     elif raw < policy.min_replicas and replicas == policy.min_replicas:
         why += f" (floored at minReplicas {policy.min_replicas})"
+    if rate_limited:
+        why += f" (at most +100% or +4 pods per {SCALE_UP_PERIOD_S:g}s)"
     if replicas < current and stabilized != recommendation:
         why += f" (highest recommendation in the last {policy.scale_down_stabilization_seconds}s)"
     unreported = len(samples) - len(reported) + max(0, current - len(samples))
@@ -125,7 +153,8 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
         why += f"; {unreported} pod(s) not reporting"
     reason = f"scaled {current} -> {replicas}: {why}" if replicas != current else f"holding {current}: {why}"
     return Decision(replicas=replicas, recommendation=recommendation, waiting=waiting,
-                    reported=len(reported), history=new_history, reason=reason)
+                    reported=len(reported), history=new_history, reason=reason,
+                    scale_ups=recent)
 
 
 def seed_history(current: int, now: float) -> tuple[Recommendation, ...]:

@@ -31,6 +31,7 @@ class State:
 
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     history: tuple[autoscale.Recommendation, ...] | None = None
+    scale_ups: tuple[autoscale.ScaleUp, ...] = ()
     last_scale_time: str | None = None
     last_error: str | None = None
     deleting: bool = False          # set by the delete handler: stop touching children
@@ -170,8 +171,9 @@ async def evaluate(kube: KubeClient, body: Mapping[str, Any], state: State, sett
             if spec.autoscaling.enabled:
                 if state.history is None:
                     state.history = autoscale.seed_history(current, now)
-                decision = autoscale.decide(samples, current, state.history, spec.autoscaling, now)
-                state.history = decision.history
+                decision = autoscale.decide(samples, current, state.history, spec.autoscaling,
+                                            now, state.scale_ups)
+                state.history, state.scale_ups = decision.history, decision.scale_ups
                 desired = decision.replicas
                 if decision.replicas != current:
                     deployment = await kube.patch(deployment_path(spec.namespace, spec.name),

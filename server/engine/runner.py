@@ -118,7 +118,7 @@ class ModelRunner:
 
     def _size_kv_cache(self) -> CacheLayout:
         per_block = self.bytes_per_block()
-        log.info("Model weights: %.2f GiB (%s on %s)", self.weights_bytes / GiB,
+        log.info("Model weights: %.3g GiB (%s on %s)", self.weights_bytes / GiB,
                  str(self.dtype).removeprefix("torch."), self.device)
         if self.config.num_kv_blocks is not None:
             num_blocks = self.config.num_kv_blocks

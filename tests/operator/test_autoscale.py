@@ -87,12 +87,15 @@ class Fleet:
         self.policy = policy
         self.replicas = replicas
         self.history = seed_history(replicas, t0)
+        self.scale_ups: tuple = ()
         self.changes: list[tuple[float, int, int]] = []
 
     def step(self, t: float, waiting: float) -> int:
         share = waiting / self.replicas if self.replicas else 0.0
-        d = decide(ready(*[share] * self.replicas), self.replicas, self.history, self.policy, t)
-        self.history = d.history
+        d = decide(ready(*[share] * self.replicas), self.replicas, self.history, self.policy, t,
+                   self.scale_ups)
+        self.history, self.scale_ups = d.history, d.scale_ups
+        self.reason = d.reason
         if d.replicas != self.replicas:
             self.changes.append((t, self.replicas, d.replicas))
             self.replicas = d.replicas
@@ -153,3 +156,21 @@ def test_restart_seeds_history_so_scale_down_still_waits() -> None:
     fleet = Fleet(POLICY, replicas=3, t0=0)
     assert fleet.step(15, 0) == 3
     assert fleet.step(301, 0) == 1
+
+
+def test_scale_up_is_rate_limited_like_the_hpa() -> None:
+    """At most max(+100%, +4 pods) per 15 s, counted from the period's start size."""
+    big = AutoscalingSpec(**{**POLICY.__dict__, "max_replicas": 40, "min_replicas": 1})
+    fleet = Fleet(big)
+    target = big.target_waiting_requests
+    flood = 40 * target * 2                      # wants far more than 40 replicas
+    assert fleet.step(0, flood) == 5             # 1 -> 1 + 4
+    assert "per 15s" in fleet.reason
+    assert fleet.step(10, flood) == 5            # same period: no more
+    assert fleet.step(16, flood) == 10           # new period from 5: +100%
+    assert fleet.step(32, flood) == 20
+    assert fleet.step(48, flood) == 40           # capped by maxReplicas
+    assert fleet.step(64, flood) == 40
+    # A small step up inside the limit is not marked as limited.
+    small = Fleet(big)
+    assert small.step(0, 3 * target) == 3 and "per 15s" not in small.reason
