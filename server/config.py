@@ -41,9 +41,9 @@ class EngineConfig:
                             "Omit to serve the built-in demo model.")
     tokenizer: str | None = opt(None, "Tokenizer directory or repo id (default: the model's).")
     revision: str | None = opt(None, "Model revision (branch, tag or commit) on the Hub.")
-    dtype: str = opt("auto", "Weight and activation dtype. 'auto' takes the model's "
-                     "torch_dtype (bf16 on GPU when it says float32 on a GPU build; "
-                     "float32 on CPU).",
+    dtype: str = opt("auto", "Weight and activation dtype. 'auto': float32 on CPU; on a "
+                     "GPU the checkpoint's dtype, with float32 checkpoints served in "
+                     "bfloat16.",
                      choices=("auto", "float32", "float16", "bfloat16", "half"))
     max_model_len: int | None = opt(None, "Model context length (prompt + output). "
                                     "Default: the model config's max_position_embeddings.")
