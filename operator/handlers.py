@@ -46,6 +46,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     # Our own Events carry the story (scales, invalid specs); kopf's per-handler
     # "succeeded" chatter would drown them.
     settings.posting.level = logging.WARNING
+    # kopf retries failed API calls, 403s included, for 54 s by default. On uninstall
+    # the RBAC can be gone before the pod gets SIGTERM, and kopf's exit (taking itself
+    # out of the peering) would then outlive the pod's 30 s grace and be SIGKILLed.
+    # These backoffs add up to 20 s: still enough to ride out an API server restart.
+    settings.networking.error_backoffs = (1, 1, 2, 3, 5, 8)
     if memo.get("pf_no_scanning"):
         settings.scanning.disabled = True
     if "kube" not in memo:
