@@ -476,9 +476,7 @@ def reset_prefix_cache(kv) -> None:
 
 
 def phase_engine(args) -> dict:
-    import torch
     from pagefleet.server import LLM, SamplingParams
-    from pagefleet.server.models.decoder import Ops
     from pagefleet.server.ops import triton_attention
     from pagefleet.server.ops.triton_ops import TritonOps
 
@@ -549,7 +547,6 @@ def phase_engine(args) -> dict:
 
 
 def _engine_parity(llm, res, rand_prompt, greedy, args) -> None:
-    from pagefleet.server.models.decoder import Ops
     from pagefleet.server.ops.triton_ops import TritonOps
     eng, runner = llm.engine, llm.engine.runner
     # 1. Greedy parity: Triton + graphs, Triton eager (padded), torch twins (eager).
