@@ -569,28 +569,24 @@ def _engine_parity(llm, res, rand_prompt, greedy, args) -> None:
     runner.set_ops(cuda_safe_twins())
     out_torch = run_prompts()
     # Near-ties at the first divergence: top-2 logprob gap on each path.
-    ties = []
-    for i, (a, b) in enumerate(zip(out_graph, out_torch)):
-        j = next((k for k in range(len(a)) if a[k] != b[k]), None)
-        if j is None:
-            continue
-        ctx = prompts[i] + a[:j]
-        o = llm.generate([ctx], greedy(1, logprobs=2))[0].outputs[0].logprobs[0]
-        reset_prefix_cache(eng.kv)
-        vals = sorted(o.values(), reverse=True)
-        ties.append({"prompt": i, "at": j, "torch_top2_gap": vals[0] - vals[1] if len(vals) > 1 else None})
+    def top2_gaps() -> dict[int, tuple[int, float | None]]:
+        """prompt -> (first divergence, top-2 logprob gap there) under the current ops."""
+        gaps = {}
+        for i, (a, b) in enumerate(zip(out_graph, out_torch)):
+            j = next((k for k in range(len(a)) if a[k] != b[k]), None)
+            if j is None:
+                continue
+            o = llm.generate([prompts[i] + a[:j]], greedy(1, logprobs=2))[0].outputs[0].logprobs[0]
+            reset_prefix_cache(eng.kv)
+            vals = sorted(o.values(), reverse=True)
+            gaps[i] = (j, vals[0] - vals[1] if len(vals) > 1 else None)
+        return gaps
+
+    torch_gaps = top2_gaps()
     runner.set_ops(TritonOps)
-    for i, (a, b) in enumerate(zip(out_graph, out_torch)):
-        j = next((k for k in range(len(a)) if a[k] != b[k]), None)
-        if j is None:
-            continue
-        ctx = prompts[i] + a[:j]
-        o = llm.generate([ctx], greedy(1, logprobs=2))[0].outputs[0].logprobs[0]
-        reset_prefix_cache(eng.kv)
-        vals = sorted(o.values(), reverse=True)
-        for t in ties:
-            if t["prompt"] == i:
-                t["triton_top2_gap"] = vals[0] - vals[1] if len(vals) > 1 else None
+    triton_gaps = top2_gaps()
+    ties = [{"prompt": i, "at": j, "torch_top2_gap": gap, "triton_top2_gap": triton_gaps[i][1]}
+            for i, (j, gap) in torch_gaps.items()]
     same = sum(a == b for a, b in zip(out_graph, out_torch))
     tok_match = sum(x == y for a, b in zip(out_graph, out_torch) for x, y in zip(a, b))
     res["parity"] = {

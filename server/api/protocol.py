@@ -138,13 +138,17 @@ def completion_choice(index: int, text: str, finish_reason: str | None,
             "stop_reason": stop_reason}
 
 
-def completion_chunk(rid: str, model: str, created: int, choices: list[dict],
-                     use: dict | None = None) -> dict:
-    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices}
+def _chunk(kind: str, rid: str, model: str, created: int, choices: list[dict],
+           use: dict | None) -> dict:
+    body = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
     if use is not None:
         body["usage"] = use
     return body
+
+
+def completion_chunk(rid: str, model: str, created: int, choices: list[dict],
+                     use: dict | None = None) -> dict:
+    return _chunk("text_completion", rid, model, created, choices, use)
 
 
 def chat_body(rid: str, model: str, created: int, choices: list[dict], use: dict) -> dict:
@@ -160,11 +164,7 @@ def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason: A
 
 def chat_chunk(rid: str, model: str, created: int, choices: list[dict],
                use: dict | None = None) -> dict:
-    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": choices}
-    if use is not None:
-        body["usage"] = use
-    return body
+    return _chunk("chat.completion.chunk", rid, model, created, choices, use)
 
 
 def chat_delta_choice(index: int, delta: dict, finish_reason: str | None = None,

@@ -168,9 +168,9 @@ class LLMEngine:
             torch.randint(0, 2**62, (1,), generator=self._seed_rng).item())
         gen = torch.Generator(device=self.device).manual_seed(seed)
         req = Request(request_id, ids, params, prompt=text, priority=priority,
-                      arrival_time=arrival_time, eos_token_ids=self.eos_token_ids, generator=gen)
+                      arrival_time=arrival_time, eos_token_ids=self.eos_token_ids, generator=gen,
+                      stream=stream)
         req.max_tokens = max_tokens
-        req.stream = stream
         self._detok[request_id] = self.detokenizer.start(ids, params.skip_special_tokens)
         self.scheduler.add(req)
         return req

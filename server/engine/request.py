@@ -31,7 +31,7 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, prompt: str | None = None, priority: int = 0,
                  arrival_time: float | None = None, eos_token_ids: tuple[int, ...] = (),
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, stream: bool = True) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -47,7 +47,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0          # prefix-cache hit on first scheduling
         self.num_preemptions = 0
-        self.stream = True                  # emit an output every step, not only at the end
+        self.stream = stream                # emit an output every step, not only at the end
         self.max_tokens = params.max_tokens
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
