@@ -42,7 +42,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
 
 def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="pagefleet serve",
+        prog="pagefleet serve", allow_abbrev=False,
         description="Serve a model behind an OpenAI-compatible API. Flags match vLLM's.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="Local HF model directory or Hugging Face repo id. "

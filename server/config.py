@@ -15,6 +15,12 @@ from typing import Any, get_args, get_type_hints
 
 DEMO_MODEL = "pagefleet-demo"
 
+# Exit code of `pagefleet serve` after a CUDA out-of-memory error (after a one-line log),
+# so the operator can tell an OOM apart from other crashes and lower
+# --gpu-memory-utilization (its OOM remediation reads the pod's last exit code).
+CUDA_OOM_EXIT_CODE = 86
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
+
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
         metavar: str | None = None) -> Any:
@@ -72,6 +78,9 @@ class EngineConfig:
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
     tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
+    quantization: str | None = opt(None, "Weight quantization method; detected from the "
+                                   "checkpoint's quantization_config when omitted.",
+                                   choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -90,6 +99,8 @@ class EngineConfig:
              "must be fcfs or priority")
         need(self.tensor_parallel_size == 1, "tensor-parallel-size",
              "pagefleet runs one GPU per replica; scale out with replicas")
+        need(self.quantization is None, "quantization",
+             "quantized weights are not supported yet")
         if self.dtype == "half":
             self.dtype = "float16"
 
