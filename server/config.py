@@ -53,9 +53,16 @@ class EngineConfig:
                      choices=("auto", "float32", "float16", "bfloat16", "half"))
     max_model_len: int | None = opt(None, "Model context length (prompt + output). "
                                     "Default: the model config's max_position_embeddings.")
-    max_num_seqs: int = opt(256, "Maximum number of sequences per engine step.")
-    max_num_batched_tokens: int = opt(2048, "Maximum number of tokens per engine step. "
-                                      "Without chunked prefill it must be >= max-model-len.")
+    max_num_seqs: int | None = opt(None, "Maximum number of sequences per engine step. "
+                                   "Default by device, as vLLM picks: 1024 on GPUs with at "
+                                   "least 70 GiB, else 256.")
+    max_num_batched_tokens: int | None = opt(
+        None, "Maximum number of tokens per engine step. Without chunked prefill it must be "
+        ">= max-model-len. Default by use and device, as vLLM picks: the API server takes "
+        "8192 on GPUs with at least 70 GiB and 2048 otherwise; the offline LLM 16384 / 8192.")
+    long_prefill_token_threshold: int = opt(0, "Most prompt tokens one request may prefill "
+                                            "in a step (0: up to the token budget). Smaller "
+                                            "chunks let short requests in sooner.")
     block_size: int = opt(16, "Tokens per KV cache block.", choices=(8, 16, 32, 64, 128))
     enable_prefix_caching: bool = opt(True, "Reuse KV cache blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = opt(True, "Split long prompts into chunks that fit the "
@@ -87,8 +94,11 @@ class EngineConfig:
             if not cond:
                 raise ConfigError(f"--{flag}: {msg}")
 
-        need(self.max_num_seqs >= 1, "max-num-seqs", "must be >= 1")
-        need(self.max_num_batched_tokens >= 1, "max-num-batched-tokens", "must be >= 1")
+        need(self.max_num_seqs is None or self.max_num_seqs >= 1, "max-num-seqs", "must be >= 1")
+        need(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+             "max-num-batched-tokens", "must be >= 1")
+        need(self.long_prefill_token_threshold >= 0, "long-prefill-token-threshold",
+             "must be >= 0")
         need(self.block_size in (8, 16, 32, 64, 128), "block-size", "must be one of 8,16,32,64,128")
         need(0 < self.gpu_memory_utilization <= 1, "gpu-memory-utilization", "must be in (0, 1]")
         need(self.max_model_len is None or self.max_model_len >= 1, "max-model-len", "must be >= 1")
@@ -103,6 +113,50 @@ class EngineConfig:
              "quantized weights are not supported yet")
         if self.dtype == "half":
             self.dtype = "float16"
+
+
+LARGE_GPU_BYTES = 70 << 30
+
+
+def default_limits(usage: str, gpu_memory_bytes: int | None) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for a use ("server" or "offline") on a
+    device: vLLM's choice by GPU memory (>= 70 GiB: large), CPUs as small GPUs."""
+    large = gpu_memory_bytes is not None and gpu_memory_bytes >= LARGE_GPU_BYTES
+    seqs = 1024 if large else 256
+    if usage == "offline":
+        return seqs, 16384 if large else 8192
+    return seqs, 8192 if large else 2048
+
+
+def resolve_limits(config: "EngineConfig", usage: str, gpu_memory_bytes: int | None) -> str:
+    """Fill unset limits from `default_limits`; returns a line saying what was picked."""
+    seqs, tokens = default_limits(usage, gpu_memory_bytes)
+    picked = []
+    if config.max_num_seqs is None:
+        config.max_num_seqs = seqs
+        picked.append(f"--max-num-seqs {seqs}")
+    if config.max_num_batched_tokens is None:
+        config.max_num_batched_tokens = tokens
+        picked.append(f"--max-num-batched-tokens {tokens}")
+    where = (f"a GPU with {gpu_memory_bytes / (1 << 30):.0f} GiB" if gpu_memory_bytes
+             else "the CPU")
+    return (f"defaults for the {usage} on {where}: {', '.join(picked)}" if picked else "")
+
+
+def probe_gpu_memory() -> int | None:
+    """Total memory of GPU 0 without creating a CUDA context (nvidia-smi), or None."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=5).stdout.split()
+        return int(float(out[0])) << 20 if out else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """FastAPI app factory: wires the engine bridge, endpoints, auth, metrics and errors.
 
-`build_app(engine, engine_cfg, server_cfg)` takes an already-built `LLMEngine` (the
-slow part, done by `serve.run_serve` or a test) and returns an ASGI app whose lifespan
-starts the engine thread and runs a warm-up request before the server binds its port:
-a server that answers at all is ready. Endpoint bodies live in `serving.py`.
+`build_app(served, server_cfg)` takes a started engine (`ServedEngine`: the core
+process, ready, plus the tokenizer; the slow part, done by `serve.run_serve` or a test)
+and returns an ASGI app whose lifespan connects to the core and runs a warm-up request
+before the server binds its port: a server that answers at all is ready. Endpoint
+bodies live in `serving.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
 from pagefleet.server.api.request_id import RequestIdMiddleware
 from pagefleet.server.api.serving import OpenAIServing, cancel_on_disconnect
 from pagefleet.server.api.stats_log import log_stats_forever
-from pagefleet.server.config import EngineConfig, ServerConfig
+from pagefleet.server.config import ServerConfig
 from pagefleet.server.engine.async_engine import AsyncEngine
 from pagefleet.server.engine.sampling_params import SamplingParams
 
@@ -40,25 +41,27 @@ async def warm_up(async_engine: AsyncEngine, tokenizer) -> None:
     """One short greedy request through the whole path (tokenizer, engine, sampler,
     detokenizer) so the first user request does not pay for lazy initialisation."""
     ids = tokenizer.encode("warm up") or [0]
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, output_kind="delta")
     async for _ in async_engine.generate("warmup-0", ids, params):
         pass
 
 
-def build_app(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, *,
+def build_app(served, server_cfg: ServerConfig, *,
               served_model_name: str | None = None, model_root: str | None = None,
               api_key: str | None = None, chat_template: str | None = None) -> FastAPI:
+    engine_cfg = served.config
     name = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
-        str(engine.model_dir)
-    async_engine = AsyncEngine(engine, max_num_queued_requests=server_cfg.max_num_queued_requests,
+        str(served.model_dir)
+    async_engine = AsyncEngine(served.core, served.ready, served.tokenizer,
+                               max_num_queued_requests=server_cfg.max_num_queued_requests,
                                queue_timeout=server_cfg.queue_timeout)
-    metrics = ServerMetrics(name, lambda: async_engine.stats, block_size=engine_cfg.block_size,
-                            num_blocks=engine.kv.num_blocks,
+    metrics = ServerMetrics(name, async_engine, block_size=engine_cfg.block_size,
+                            num_blocks=served.ready.num_blocks,
                             enable_prefix_caching=engine_cfg.enable_prefix_caching,
                             cache_dtype=engine_cfg.kv_cache_dtype,
                             gpu_memory_utilization=engine_cfg.gpu_memory_utilization)
-    serving = OpenAIServing(async_engine, served_model_name=name,
-                            model_root=model_root or str(engine.model_dir),
+    serving = OpenAIServing(async_engine, served, served_model_name=name,
+                            model_root=model_root or str(served.model_dir),
                             chat_template=chat_template,
                             scheduling_policy=engine_cfg.scheduling_policy,
                             enable_log_requests=server_cfg.enable_log_requests,
@@ -67,11 +70,11 @@ def build_app(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await async_engine.start()
-        await warm_up(async_engine, engine.tokenizer)
+        await warm_up(async_engine, served.tokenizer)
         async_engine.listener = MetricsListener(metrics)   # warm-up stays out of metrics
         stats_task = asyncio.create_task(
             log_stats_forever(async_engine, metrics, server_cfg.log_stats_interval))
-        log.info("ready: serving %r (max_model_len %d)", name, engine.max_model_len)
+        log.info("ready: serving %r (max_model_len %d)", name, served.max_model_len)
         try:
             yield
         finally:

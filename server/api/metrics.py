@@ -3,8 +3,10 @@
 Dashboards, KEDA/HPA rules and gateway endpoint pickers written for vLLM read these
 unchanged. Each app has its own `CollectorRegistry` (several servers can live in one
 test process). Gauges and engine-side counters are read at scrape time from the
-engine thread's latest stats snapshot; per-request histograms and token counters are
-fed by `MetricsListener`, which sees every step's outputs on the event loop.
+API process's own queue counts (moved by admission, scheduling, preemption and finish
+events, so a scrape mid-step sees the real queue) and the core's latest step stats;
+per-request histograms and token counters are fed by `MetricsListener`, which sees
+every step's outputs on the event loop.
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ LABELS = ("model_name", "engine")
 class _EngineStatsCollector:
     """Gauges and counters whose source of truth is the engine (read at scrape time)."""
 
-    def __init__(self, stats_source, labels: list[str]) -> None:
-        self.stats_source = stats_source
+    def __init__(self, engine, labels: list[str]) -> None:
+        self.engine = engine
         self.labels = labels
 
     def describe(self):
         return []
 
     def collect(self):
-        s = self.stats_source()
+        eng = self.engine
+        s = eng.stats
 
         def gauge(name, doc, value):
             g = GaugeMetricFamily(name, doc, labels=LABELS)
@@ -51,26 +54,26 @@ class _EngineStatsCollector:
             return c
 
         yield gauge("vllm:num_requests_running", "Number of requests in model execution "
-                    "batches.", s.num_running)
+                    "batches.", eng.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
-                    "processed.", s.num_waiting)
+                    "processed.", eng.num_waiting)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                    s.kv_cache_usage)
+                    s.kv_cache_usage if s else 0.0)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of "
-                      "number of queried tokens.", s.prefix_cache_queries)
+                      "number of queried tokens.", s.prefix_cache_queries if s else 0)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of "
-                      "cached tokens.", s.prefix_cache_hits)
+                      "cached tokens.", s.prefix_cache_hits if s else 0)
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the "
-                      "engine.", s.num_preemptions)
+                      "engine.", s.num_preemptions if s else 0)
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, stats_source, *, block_size: int, num_blocks: int,
+    def __init__(self, model_name: str, engine, *, block_size: int, num_blocks: int,
                  enable_prefix_caching: bool, cache_dtype: str,
                  gpu_memory_utilization: float, engine_index: str = "0") -> None:
         self.registry = r = CollectorRegistry()
         self.labels = [model_name, engine_index]
-        r.register(_EngineStatsCollector(stats_source, self.labels))
+        r.register(_EngineStatsCollector(engine, self.labels))
 
         def hist(name, doc, buckets):
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self.labels)
@@ -103,27 +106,26 @@ class ServerMetrics:
 
 
 class MetricsListener(StepListener):
-    """Turns the stream of per-step outputs into vLLM's per-request metrics."""
+    """Turns the stream of per-step deltas into vLLM's per-request metrics."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.m = metrics
 
+    def on_scheduled(self, stream: RequestStream, now: float) -> None:
+        self.m.queue_time.observe(max(now - stream.arrival_time, 0.0))
+
     def on_output(self, stream: RequestStream, out: RequestOutput, now: float) -> None:
-        n = len(out.outputs[0].token_ids)
-        new = n - stream.num_tokens
+        new = len(out.outputs[0].token_ids)
         if new <= 0:
             return
         if stream.num_tokens == 0:
-            self.m.prompt_tokens.inc(len(out.prompt_token_ids))
+            self.m.prompt_tokens.inc(stream.prompt_len)
             self.m.ttft.observe(max(now - stream.arrival_time, 0.0))
             stream.first_token_time = now
-            sched = out.metrics.first_scheduled_time if out.metrics else None
-            if sched is not None:
-                self.m.queue_time.observe(max(sched - stream.arrival_time, 0.0))
         elif stream.last_token_time is not None:
             self.m.itl.observe(max(now - stream.last_token_time, 0.0))
         stream.last_token_time = now
-        stream.num_tokens = n
+        stream.num_tokens += new
         self.m.generation_tokens.inc(new)
 
     def on_finished(self, stream: RequestStream, reason: str) -> None:

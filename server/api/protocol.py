@@ -118,7 +118,7 @@ def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | N
         seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-        skip_special_tokens=req.skip_special_tokens)
+        skip_special_tokens=req.skip_special_tokens, output_kind="delta")
 
 
 # -- response bodies --------------------------------------------------------------------

@@ -101,30 +101,53 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
         if engine_cfg.tokenizer:
             engine_cfg.tokenizer = str(resolve_model(engine_cfg.tokenizer, engine_cfg.revision,
                                                      what="tokenizer"))
-        from pagefleet.server.engine.engine import LLMEngine
+        from pagefleet.server.engine.core_process import CoreStartupError, ServedEngine
 
-        engine = LLMEngine(engine_cfg, model_dir)
+        engine = ServedEngine(engine_cfg, model_dir, usage="server")
     except (ConfigError, ModelNotFoundError) as e:
         print(f"pagefleet serve: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except CoreStartupError as e:
+        print(f"pagefleet serve: error: the engine failed to start: {e}", file=sys.stderr)
+        return e.exit_code if e.kind == "oom" and e.exit_code else 1
 
+    try:
+        return _serve(engine, engine_cfg, server_cfg, served, model_dir, api_key, chat_template)
+    finally:
+        engine.core.kill()
+
+
+def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: str, model_dir,
+           api_key: str | None, chat_template: str | None) -> int:
     import uvicorn
 
     from pagefleet.server.api.app import build_app
 
-    app = build_app(engine, engine_cfg, server_cfg, served_model_name=served,
+    app = build_app(engine, server_cfg, served_model_name=served,
                     model_root=str(engine_cfg.model or model_dir), api_key=api_key,
                     chat_template=chat_template)
     config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port,
                             log_level=server_cfg.uvicorn_log_level, lifespan="on",
                             timeout_graceful_shutdown=5, access_log=False)
-    server = _make_server(config, app.state.async_engine, server_cfg.shutdown_timeout)
+    async_engine = app.state.async_engine
+    server = _make_server(config, async_engine, server_cfg.shutdown_timeout)
+    exit_code = {"code": 0}
+
+    def on_dead(code: int) -> None:
+        """The engine core died: /health is 503 already; stop so the pod restarts."""
+        exit_code["code"] = code
+        server.should_exit = True
+
+    async_engine.on_dead = on_dead
     log.info("starting on http://%s:%d (API key %s)", server_cfg.host, server_cfg.port,
              "required" if api_key else "not required")
     try:
         server.run()
     except KeyboardInterrupt:  # pragma: no cover - forced exit
         return 130
+    if exit_code["code"]:
+        log.error("exiting with code %d: the engine core died", exit_code["code"])
+        return exit_code["code"]
     if not server.started:
         return 1
     log.info("stopped")

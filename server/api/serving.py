@@ -25,7 +25,8 @@ from pagefleet.server.api import protocol as P
 from pagefleet.server.api.chat import LogprobFormatter, render_chat
 from pagefleet.server.api.errors import APIError, bad_request, error_body, to_api_error
 from pagefleet.server.engine.async_engine import AsyncEngine, RequestStream
-from pagefleet.server.engine.engine import PromptTooLongError
+from pagefleet.server.engine.validation import PromptTooLongError
+from pagefleet.server.engine.validation import check_context as _check_context
 
 log = logging.getLogger("pagefleet.api")
 _seq = itertools.count()
@@ -43,10 +44,10 @@ def parse(model: type, body: bytes):
 
 def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
     """vLLM's context-length rule, with its wording (PromptTooLongError builds it)."""
-    if prompt_len >= max_model_len or (
-            max_tokens is not None and prompt_len + max_tokens > max_model_len):
-        e = PromptTooLongError(prompt_len, max_tokens, max_model_len)
-        raise APIError(400, str(e), e.param)
+    try:
+        _check_context(prompt_len, max_tokens, max_model_len)
+    except PromptTooLongError as e:
+        raise APIError(400, str(e), e.param) from None
 
 
 def sse(obj: dict) -> str:
@@ -88,15 +89,14 @@ async def cancel_on_disconnect(request: Request, coro) -> Response:
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, *, served_model_name: str, model_root: str,
-                 chat_template: str | None, scheduling_policy: str,
+    def __init__(self, async_engine: AsyncEngine, served, *, served_model_name: str,
+                 model_root: str, chat_template: str | None, scheduling_policy: str,
                  enable_log_requests: bool = False, max_log_len: int = 200) -> None:
-        eng = async_engine.engine
         self.engine = async_engine
-        self.tokenizer = eng.tokenizer
-        self.max_model_len = eng.max_model_len
-        self.defaults = dict(eng.generation_defaults)
-        self.vocab_size = eng.model_cfg.vocab_size
+        self.tokenizer = served.tokenizer
+        self.max_model_len = served.max_model_len
+        self.defaults = dict(served.generation_defaults)
+        self.vocab_size = served.ready.vocab_size
         self.served_model_name = served_model_name
         self.model_root = model_root
         self.chat_template = chat_template
@@ -141,29 +141,29 @@ class OpenAIServing:
             log.info("request %s: %s received, prompt_tokens=%s, max_tokens=%s, stream=%s",
                      rid, kind, lens, params.max_tokens, stream)
 
-    def _log_finished(self, rid: str, outs: list, t0: float) -> None:
-        reasons = ",".join(str(o.outputs[0].finish_reason) for o in outs if o is not None)
-        ntok = sum(len(o.outputs[0].token_ids) for o in outs if o is not None)
+    def _log_finished(self, rid: str, outs: list["Accum"], t0: float) -> None:
+        reasons = ",".join(str(o.finish_reason) for o in outs)
+        ntok = sum(o.num_tokens for o in outs)
         if self.log_requests:
             log.info("request %s: finished (%s), output_tokens=%d, %.3fs, output=%r", rid,
-                     reasons, ntok, time.time() - t0,
-                     [self._trunc(o.outputs[0].text) for o in outs if o is not None])
+                     reasons, ntok, time.time() - t0, [self._trunc(o.text) for o in outs])
         else:
             log.info("request %s: finished (%s), output_tokens=%d, %.3fs", rid, reasons, ntok,
                      time.time() - t0)
 
-    async def _submit(self, rid: str, prompts: list[list[int]], params,
-                      priority: int) -> list[RequestStream]:
+    def _submit(self, rid: str, prompts: list[list[int]], params, priority: int,
+                texts: list[Any] | None = None) -> list[RequestStream]:
         """Admit all prompts of one HTTP request, or none of them."""
         self.engine.check_admission(len(prompts))
         notify = asyncio.Event()
         streams: list[RequestStream] = []
         arrival = time.time()
         try:
-            for ids in prompts:
-                streams.append(await self.engine.add(f"{rid}.{next(_seq)}", ids, params,
-                                                     priority=priority, notify=notify,
-                                                     arrival_time=arrival))
+            for i, ids in enumerate(prompts):
+                text = texts[i] if texts and isinstance(texts[i], str) else None
+                streams.append(self.engine.add(f"{rid}.{next(_seq)}", ids, params,
+                                               priority=priority, notify=notify,
+                                               arrival_time=arrival, prompt=text))
         except BaseException:
             for s in streams:
                 self.engine.abort(s.request_id)
@@ -207,45 +207,39 @@ class OpenAIServing:
         params = P.sampling_params(req, self.defaults, max_tokens=req.max_tokens, logprobs=None)
         self._log_received(rid, "completion", prompts, texts, params, req.stream)
         t0 = time.time()
-        streams = await self._submit(rid, prompts, params, req.priority)
+        streams = self._submit(rid, prompts, params, req.priority, texts)
         gen = self.engine.outputs_many(streams)
         resp_id, created, model = f"cmpl-{rid}", int(time.time()), self.served_model_name
         n_prompt = sum(len(p) for p in prompts)
         if not req.stream:
-            final: list[Any] = [None] * len(streams)
+            acc = [Accum() for _ in streams]
             async for i, out in gen:
-                final[i] = out
-            self._log_finished(rid, final, t0)
-            choices = [P.completion_choice(i, o.outputs[0].text, o.outputs[0].finish_reason,
-                                           o.outputs[0].stop_reason) for i, o in enumerate(final)]
-            n_out = sum(len(o.outputs[0].token_ids) for o in final)
+                acc[i].add(out)
+            self._log_finished(rid, acc, t0)
+            choices = [P.completion_choice(i, a.text, a.finish_reason, a.stop_reason)
+                       for i, a in enumerate(acc)]
             return json_response(P.completion_body(resp_id, model, created, choices,
-                                                   P.usage(n_prompt, n_out)))
+                                                   P.usage(n_prompt, sum(a.num_tokens for a in acc))))
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
 
         async def events() -> AsyncIterator[str]:
-            sent_text = [0] * len(streams)
-            ntoks = [0] * len(streams)
-            finals: list[Any] = [None] * len(streams)
+            acc = [Accum() for _ in streams]
             try:
                 async for i, out in prepend(first, gen):
                     c = out.outputs[0]
-                    delta = c.text[sent_text[i]:]
-                    sent_text[i] = len(c.text)
-                    ntoks[i] = len(c.token_ids)
-                    if out.finished:
-                        finals[i] = out
-                    if not delta and not out.finished:
+                    acc[i].add(out)
+                    if not c.text and not out.finished:
                         continue
-                    use = P.usage(n_prompt, sum(ntoks)) if opts.continuous_usage_stats else None
+                    use = P.usage(n_prompt, sum(a.num_tokens for a in acc)) \
+                        if opts.continuous_usage_stats else None
                     yield sse(P.completion_chunk(resp_id, model, created, [P.completion_choice(
-                        i, delta, c.finish_reason if out.finished else None,
+                        i, c.text, c.finish_reason if out.finished else None,
                         c.stop_reason if out.finished else None)], use))
                 if opts.include_usage:
                     yield sse(P.completion_chunk(resp_id, model, created, [],
-                                                 P.usage(n_prompt, sum(ntoks))))
-                self._log_finished(rid, finals, t0)
+                                                 P.usage(n_prompt, sum(a.num_tokens for a in acc))))
+                self._log_finished(rid, acc, t0)
             except Exception as exc:  # noqa: BLE001 - report in-band once streaming
                 yield sse_error(rid, exc)
             yield SSE_DONE
@@ -284,53 +278,51 @@ class OpenAIServing:
         self._log_received(rid, "chat", [ids], [m.content for m in req.messages], params,
                            req.stream)
         t0 = time.time()
-        (stream,) = await self._submit(rid, [ids], params, req.priority)
+        (stream,) = self._submit(rid, [ids], params, req.priority)
         gen = self.engine.outputs_many([stream])
         resp_id, created, model = f"chatcmpl-{rid}", int(time.time()), self.served_model_name
         fmt = self.logprob_fmt
 
-        def logprobs_of(c, start: int) -> dict | None:
+        def logprobs_of(c) -> dict | None:
             if not req.logprobs or c.logprobs is None:
                 return None
-            return {"content": fmt.content(c.token_ids[start:], c.logprobs[start:], top)}
+            return {"content": fmt.content(c.token_ids, c.logprobs, top)}
 
         if not req.stream:
-            out = None
+            acc = Accum(keep_logprobs=bool(req.logprobs))
             async for _, out in gen:
-                pass
-            self._log_finished(rid, [out], t0)
-            c = out.outputs[0]
+                acc.add(out)
+            self._log_finished(rid, [acc], t0)
+            lp = {"content": fmt.content(acc.token_ids, acc.logprobs, top)} \
+                if req.logprobs else None
             return json_response(P.chat_body(
                 resp_id, model, created,
-                [P.chat_choice(0, c.text, c.finish_reason, c.stop_reason, logprobs_of(c, 0))],
-                P.usage(len(ids), len(c.token_ids))))
+                [P.chat_choice(0, acc.text, acc.finish_reason, acc.stop_reason, lp)],
+                P.usage(len(ids), acc.num_tokens)))
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
 
         async def events() -> AsyncIterator[str]:
-            sent_text = sent_tok = 0
-            last = None
+            acc = Accum()
             try:
                 yield sse(P.chat_chunk(resp_id, model, created, [P.chat_delta_choice(
                     0, {"role": "assistant", "content": ""})],
                     P.usage(len(ids), 0) if opts.continuous_usage_stats else None))
                 async for _, out in prepend(first, gen):
-                    last = out
                     c = out.outputs[0]
-                    delta = c.text[sent_text:]
-                    lp = logprobs_of(c, sent_tok)
-                    sent_text, sent_tok = len(c.text), len(c.token_ids)
-                    if not delta and not out.finished and not (lp and lp["content"]):
+                    acc.add(out)
+                    lp = logprobs_of(c)
+                    if not c.text and not out.finished and not (lp and lp["content"]):
                         continue
-                    use = P.usage(len(ids), sent_tok) if opts.continuous_usage_stats else None
+                    use = P.usage(len(ids), acc.num_tokens) if opts.continuous_usage_stats else None
                     yield sse(P.chat_chunk(resp_id, model, created, [P.chat_delta_choice(
-                        0, {"content": delta} if delta or not out.finished else {},
+                        0, {"content": c.text} if c.text or not out.finished else {},
                         c.finish_reason if out.finished else None,
                         c.stop_reason if out.finished else None, lp)], use))
                 if opts.include_usage:
                     yield sse(P.chat_chunk(resp_id, model, created, [],
-                                           P.usage(len(ids), sent_tok)))
-                self._log_finished(rid, [last], t0)
+                                           P.usage(len(ids), acc.num_tokens)))
+                self._log_finished(rid, [acc], t0)
             except Exception as exc:  # noqa: BLE001 - report in-band once streaming
                 yield sse_error(rid, exc)
             yield SSE_DONE
@@ -364,6 +356,39 @@ class OpenAIServing:
         card = P.model_card(self.served_model_name, self.model_root, self.max_model_len,
                             self.created)
         return json_response({"object": "list", "data": [card]})
+
+
+class Accum:
+    """One choice's output, gathered from its deltas (parts joined once, at the end)."""
+
+    __slots__ = ("_parts", "token_ids", "logprobs", "num_tokens", "finish_reason",
+                 "stop_reason", "_keep")
+
+    def __init__(self, keep_logprobs: bool = False) -> None:
+        self._parts: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list = []
+        self.num_tokens = 0
+        self.finish_reason = None
+        self.stop_reason = None
+        self._keep = keep_logprobs
+
+    def add(self, out) -> None:
+        c = out.outputs[0]
+        if c.text:
+            self._parts.append(c.text)
+        self.num_tokens += len(c.token_ids)
+        if self._keep:
+            self.token_ids.extend(c.token_ids)
+            self.logprobs.extend(c.logprobs or ())
+        if out.finished:
+            self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
 
 async def prepend(first: Any, gen) -> AsyncIterator[Any]:

@@ -45,13 +45,14 @@ async def log_stats_forever(async_engine, metrics, interval: float) -> None:
     def sample() -> Sample:
         s = async_engine.stats
         return Sample(time.monotonic(), metrics.prompt_tokens._value.get(),
-                      metrics.generation_tokens._value.get(), s.prefix_cache_queries,
-                      s.prefix_cache_hits)
+                      metrics.generation_tokens._value.get(),
+                      s.prefix_cache_queries if s else 0, s.prefix_cache_hits if s else 0)
 
     prev = sample()
     while True:
         await asyncio.sleep(interval)
         cur, s = sample(), async_engine.stats
-        if not is_idle(prev, cur, s.num_running, s.num_waiting):
-            log.info(stats_line(prev, cur, s.num_running, s.num_waiting, s.kv_cache_usage))
+        running, waiting = async_engine.num_running, async_engine.num_waiting
+        if not is_idle(prev, cur, running, waiting):
+            log.info(stats_line(prev, cur, running, waiting, s.kv_cache_usage if s else 0.0))
         prev = cur

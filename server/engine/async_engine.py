@@ -1,40 +1,48 @@
-"""Bridge between the synchronous `LLMEngine` and asyncio.
+"""The API process's engine: the core process behind it, the edge's work in front.
 
-Why a thread: `LLMEngine` is single-threaded by design, and a step is mostly torch work
-that releases the GIL, so one engine thread that owns the engine keeps the event loop
-free to parse, tokenize and stream. Nothing but that thread touches the engine: the
-event loop hands it commands (add, abort) through a thread-safe queue that the thread
-drains between steps, and the thread hands results back with one
-`loop.call_soon_threadsafe` per iteration (outputs, acceptances and failures batched).
+The engine core (scheduler, KV manager, runner, sampler) runs in its own process
+(`core_process.py`), so nothing the HTTP side does (JSON, SSE, templating,
+tokenizing, detokenizing, metrics) competes with the step loop for a GIL. This class
+runs on the event loop:
 
-Each request gets a `RequestStream` mailbox on the event loop that holds the *latest*
-cumulative output: a slow reader simply sees several tokens at once instead of a
-growing backlog (vLLM's output collector merges the same way).
-
-Also here, because they are decisions about the engine's queue:
-- admission control: more than `max_num_queued_requests` accepted-but-never-scheduled
-  requests -> `QueueFullError` (HTTP 429);
-- queue timeout: a request never scheduled within `queue_timeout` seconds is aborted
-  and fails with `QueueTimeoutError` (HTTP 503);
-- draining for shutdown: `ServerDrainingError` for new requests, then the stragglers
-  are aborted with `ServerShutdownError` so nothing accepted ends silently;
-- engine death: every open request fails with `EngineDeadError`, and `is_alive` turns
-  false (so /health says 503) instead of requests hanging forever.
+- `add()` validates a request against the engine's limits (the edge: once, here),
+  registers its detokenizer and stop strings with the `OutputProcessor`, and sends the
+  core a `CoreRequest`;
+- a reader task takes each step's `CoreOutputs` off the socket: new token ids become
+  text deltas in each request's `RequestStream` mailbox (merged while the reader is
+  slow, so a slow client sees several tokens at once, never a backlog); a stop string
+  matched here aborts the request in the core at once;
+- the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption
+  and finish events, so a scrape during a long prefill sees the real queue;
+- admission control (429 past `--max-num-queued-requests`), queue timeouts (the core
+  aborts a request that is still waiting: 503), draining for shutdown, and engine
+  death: the core process's sentinel fires the moment it exits, every open request
+  fails with `EngineDeadError`, `/health` turns 503 and `on_dead` is called (the server
+  then exits non-zero so Kubernetes restarts the pod).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import queue
-import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagefleet.server.engine.outputs import RequestOutput
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pagefleet.server.config import CUDA_OOM_EXIT_CODE
+from pagefleet.server.engine.output_processor import OutputProcessor
+from pagefleet.server.engine.outputs import CompletionOutput, RequestOutput
+from pagefleet.server.engine.protocol import (CoreAbort, CoreError, CoreOutputs, CoreReady,
+                                              CoreStats, CoreUtility, CoreUtilityResult,
+                                              FromCore)
 from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.engine.validation import EngineLimits, RequestRejected
 
 log = logging.getLogger("pagefleet.engine.async")
 
@@ -65,36 +73,70 @@ class EngineDeadError(EngineUnavailableError):
     status = 500
 
 
+class RequestFailedError(EngineUnavailableError):
+    """The engine failed this one request (isolated: the engine goes on)."""
+
+    status = 500
+
+
 @dataclass
 class RequestStream:
-    """One request's mailbox on the event loop: the latest cumulative output or an error."""
+    """One request's mailbox on the event loop: the deltas not taken yet, or an error."""
 
     request_id: str
     arrival_time: float                      # wall clock when the API received it
     notify: asyncio.Event
-    accepted: asyncio.Future
-    latest: RequestOutput | None = None
+    prompt_len: int = 0
     error: BaseException | None = None
     finished: bool = False
-    dirty: bool = False
+    scheduled: bool = False
+    # Deltas not taken yet, merged.
+    _text: list[str] = field(default_factory=list)
+    _ids: list[int] = field(default_factory=list)
+    _logprobs: list | None = None
+    _last: RequestOutput | None = None
+    _dirty: bool = False
     # Bookkeeping for metrics (event-loop side only).
     num_tokens: int = 0
-    last_token_time: float | None = None
+    scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
+    timer: asyncio.TimerHandle | None = None
     user: Any = None
 
+    def push(self, out: RequestOutput) -> None:
+        c = out.outputs[0]
+        if c.text:
+            self._text.append(c.text)
+        self._ids.extend(c.token_ids)
+        if c.logprobs is not None:
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(c.logprobs)
+        self._last = out
+        self._dirty = True
+
     def take(self) -> RequestOutput | None:
-        """The newest output not yet taken (None if nothing new); raises the error."""
+        """Everything new since the last take (None if nothing); raises the error."""
         if self.error is not None:
             raise self.error
-        if not self.dirty:
+        if not self._dirty:
             return None
-        self.dirty = False
-        return self.latest
+        last = self._last
+        c = last.outputs[0]
+        merged = CompletionOutput(index=c.index, text="".join(self._text), token_ids=self._ids,
+                                  finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                  logprobs=self._logprobs, cumulative_logprob=c.cumulative_logprob)
+        self._text, self._ids, self._logprobs, self._dirty = [], [], None, False
+        return RequestOutput(last.request_id, last.prompt, last.prompt_token_ids, [merged],
+                             last.finished, last.num_cached_tokens)
 
 
 class StepListener:
-    """Receives every output on the event loop, before mailboxes coalesce them (metrics)."""
+    """Receives engine events on the event loop (metrics)."""
+
+    def on_scheduled(self, stream: RequestStream, now: float) -> None:
+        pass
 
     def on_output(self, stream: RequestStream, out: RequestOutput, now: float) -> None:
         pass
@@ -102,78 +144,64 @@ class StepListener:
     def on_finished(self, stream: RequestStream, reason: str) -> None:
         pass
 
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt: list[int] | str
-    params: SamplingParams
-    priority: int
-    deadline: float | None
-
-
-@dataclass
-class _Abort:
-    request_id: str
-    error: BaseException | None = None
-
-
-@dataclass
-class _Events:
-    """What one engine-thread iteration hands to the event loop."""
-
-    now: float = 0.0
-    outputs: list[RequestOutput] = field(default_factory=list)
-    accepted: list[tuple[str, BaseException | None]] = field(default_factory=list)
-    failed: list[tuple[str, BaseException]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.outputs or self.accepted or self.failed)
+    def on_stats(self, stats: CoreStats) -> None:
+        pass
 
 
 class AsyncEngine:
-    """Runs an `LLMEngine` in its own thread and serves it to asyncio code."""
+    """Serves the core process to asyncio code."""
 
-    def __init__(self, engine, *, max_num_queued_requests: int = 1024,
-                 queue_timeout: float | None = None,
-                 listener: StepListener | None = None) -> None:
-        self.engine = engine
+    def __init__(self, core, ready: CoreReady, tokenizer, *, max_num_queued_requests: int = 1024,
+                 queue_timeout: float | None = None, listener: StepListener | None = None,
+                 dead_exit_delay: float = 3.0) -> None:
+        self.core = core
+        self.info = ready
+        self.limits = EngineLimits(ready.max_model_len, ready.vocab_size, ready.num_blocks,
+                                   ready.block_size)
+        self.processor = OutputProcessor(tokenizer)
         self.max_num_queued_requests = max_num_queued_requests
         self.queue_timeout = queue_timeout
         self.listener = listener or StepListener()
-        self.stats = engine.stats()              # refreshed by the engine thread
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.dead_exit_delay = dead_exit_delay
+        self.on_dead: Callable[[int], None] | None = None
+        self.stats: CoreStats | None = None
+        self.num_waiting = 0
+        self.num_running = 0
         self._streams: dict[str, RequestStream] = {}
-        self._dead: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: asyncio.Task | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._dead: str | None = None
+        self._core_error: CoreError | None = None
         self._draining = False
-        # Accepted-but-never-scheduled count, as two monotonic counters so that each
-        # thread only ever writes its own: queued = admitted - dequeued.
-        self._admitted = 0
-        self._dequeued = 0
-        self._unscheduled: dict[str, float | None] = {}   # engine thread only: id -> deadline
+        self._stopping = False
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count(1)
+        self._dec = msgspec.msgpack.Decoder(FromCore)
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="pagefleet-engine", daemon=True)
-        self._thread.start()
+        self._sock = zmq.asyncio.Socket.from_socket(self.core.out_sock)
+        self._reader = asyncio.create_task(self._read(), name="pagefleet-core-reader")
+        self._loop.add_reader(self.core.proc.sentinel, self._on_core_exit)
 
     async def stop(self) -> None:
-        """Stop the engine thread (after `drain`); open requests fail, none hang."""
-        self._stop = True
-        self._wake.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        """Stop the core (after `drain`); open requests fail, none hang."""
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        try:
+            loop.remove_reader(self.core.proc.sentinel)
+        except (ValueError, OSError):
+            pass
+        if self._reader is not None:
+            self._reader.cancel()
+        await loop.run_in_executor(None, self.core.shutdown)
         self._fail_all(ServerShutdownError("the server is shutting down"))
 
     @property
     def is_alive(self) -> bool:
-        return (self._dead is None and self._thread is not None and self._thread.is_alive()
-                and not self._stop)
+        return self._dead is None and not self._stopping
 
     @property
     def is_draining(self) -> bool:
@@ -181,7 +209,7 @@ class AsyncEngine:
 
     @property
     def num_queued(self) -> int:
-        return self._admitted - self._dequeued
+        return self.num_waiting
 
     @property
     def num_open(self) -> int:
@@ -200,49 +228,44 @@ class AsyncEngine:
             self.abort(rid, ServerShutdownError(
                 "the server is shutting down and the request did not finish within "
                 "--shutdown-timeout"))
-        while self._streams and self.is_alive and time.monotonic() < deadline + 5:
-            await asyncio.sleep(0.01)
         return len(left)
 
-    # -- requests (event loop side) --------------------------------------------------
+    # -- requests --------------------------------------------------------------------
     def check_admission(self, n: int = 1) -> None:
         """Raise if `n` more requests cannot be admitted right now."""
-        if self._dead is not None or (self._thread is not None and not self._thread.is_alive()):
-            raise EngineDeadError(f"the engine loop is not running ({self._dead!r})")
-        if self._draining or self._stop:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine is not running: {self._dead}")
+        if self._draining or self._stopping:
             raise ServerDrainingError("the server is shutting down and accepts no new requests")
-        if self.num_queued + n > self.max_num_queued_requests:
+        if n > self.max_num_queued_requests:
+            raise RequestRejected(
+                f"the request holds {n} prompts, more than the server's whole queue "
+                f"(--max-num-queued-requests {self.max_num_queued_requests}); split it", "prompt")
+        if self.num_waiting + n > self.max_num_queued_requests:
             raise QueueFullError(
-                f"the server's queue is full ({self.num_queued} requests waiting, "
+                f"the server's queue is full ({self.num_waiting} requests waiting, "
                 f"--max-num-queued-requests {self.max_num_queued_requests}); retry later")
 
-    async def add(self, request_id: str, prompt: list[int] | str, params: SamplingParams, *,
-                  priority: int = 0, notify: asyncio.Event | None = None,
-                  arrival_time: float | None = None) -> RequestStream:
-        """Queue a request; returns its mailbox once the engine has accepted it.
-
-        Raises QueueFullError / ServerDrainingError / EngineDeadError before queueing,
-        and the engine's own RequestRejected (400) if it refuses the request.
-        """
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
+            priority: int = 0, notify: asyncio.Event | None = None,
+            arrival_time: float | None = None, prompt: str | None = None,
+            prefix_leader: str | None = None) -> RequestStream:
+        """Validate and queue a request; returns its mailbox. Raises the admission
+        errors and RequestRejected / SamplingParamsError (400) before queueing."""
         self.check_admission()
         if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        loop = asyncio.get_running_loop()
-        stream = RequestStream(request_id, arrival_time or time.time(), notify or asyncio.Event(),
-                               loop.create_future())
+            raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
+        arrival = arrival_time or time.time()
+        cr = self.limits.core_request(request_id, prompt_ids, params, priority=priority,
+                                      arrival_time=arrival, prefix_leader=prefix_leader)
+        stream = RequestStream(request_id, arrival, notify or asyncio.Event(),
+                               prompt_len=len(prompt_ids))
+        self.processor.add(request_id, prompt, cr.prompt_token_ids, params)
         self._streams[request_id] = stream
-        self._admitted += 1
-        deadline = time.monotonic() + self.queue_timeout if self.queue_timeout else None
-        self._commands.put(_Add(request_id, prompt, params, priority, deadline))
-        self._wake.set()
-        try:
-            await asyncio.shield(stream.accepted)
-        except asyncio.CancelledError:
-            self.abort(request_id)
-            raise
-        except BaseException:
-            self._streams.pop(request_id, None)
-            raise
+        self.num_waiting += 1
+        if self.queue_timeout:
+            stream.timer = self._loop.call_later(self.queue_timeout, self._expire, request_id)
+        self.core.send(cr)
         return stream
 
     def abort(self, request_id: str, error: BaseException | None = None) -> None:
@@ -251,20 +274,29 @@ class AsyncEngine:
         stream = self._streams.get(request_id)
         if stream is None or stream.finished:
             return
-        self._commands.put(_Abort(request_id, error))
-        self._wake.set()
+        try:
+            self.core.send(CoreAbort([request_id]))
+        except zmq.ZMQError:
+            pass
+        out = self.processor.finish(request_id, "abort")
+        if error is not None:
+            self._fail(stream, error, "abort")
+        else:
+            if out is not None:
+                stream.push(out)
+            self._finished(stream, "abort")
 
-    async def outputs(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
-        """Yield one request's cumulative outputs until it finishes (see `outputs_many`)."""
-        async for _, out in self.outputs_many([stream]):
-            yield out
+    def _expire(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None and not stream.scheduled and not stream.finished:
+            self.core.send(CoreAbort([request_id], only_if_waiting=True))
 
     async def outputs_many(self, streams: list[RequestStream]
                            ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Yield (index, cumulative output) for several requests that share one notify
-        event, until all finish. If the consumer goes away first (a client disconnect
-        cancels it) or one of them fails, the unfinished ones are aborted, which frees
-        their KV blocks."""
+        """Yield (index, delta) for several requests that share one notify event,
+        until all finish. If the consumer goes away first (a client disconnect cancels
+        it) or one of them fails, the unfinished ones are aborted, which frees their KV
+        blocks."""
         pending = list(range(len(streams)))
         try:
             while pending:
@@ -286,155 +318,162 @@ class AsyncEngine:
                 if not s.finished:
                     self.abort(s.request_id)
 
-    async def generate(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
+    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                        *, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        stream = await self.add(request_id, prompt, params, priority=priority)
-        async for out in self.outputs(stream):
+        stream = self.add(request_id, prompt_ids, params, priority=priority)
+        async for _, out in self.outputs_many([stream]):
             yield out
 
-    # -- event loop side of the hand-over ----------------------------------------------
-    def _deliver(self, ev: _Events) -> None:
-        for rid, exc in ev.accepted:
-            stream = self._streams.get(rid)
-            if stream is None or stream.accepted.done():
-                continue
-            if exc is None:
-                stream.accepted.set_result(None)
-            else:
-                stream.finished = True
-                self._streams.pop(rid, None)
-                stream.accepted.set_exception(exc)
-        for out in ev.outputs:
-            stream = self._streams.get(out.request_id)
+    async def call_utility(self, method: str, timeout: float = 30.0) -> dict:
+        """Ask the core for `counters`, `check_whole` or `stats` (tests, debugging)."""
+        call_id = next(self._call_ids)
+        fut = self._loop.create_future()
+        self._calls[call_id] = fut
+        self.core.send(CoreUtility(call_id, method))
+        try:
+            res: CoreUtilityResult = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._calls.pop(call_id, None)
+        if res.error:
+            raise RuntimeError(res.error)
+        return res.result
+
+    # -- what the core sends -------------------------------------------------------------
+    async def _read(self) -> None:
+        sock, dec = self._sock, self._dec
+        while True:
+            data = await sock.recv(copy=False)
+            try:
+                self._dispatch(dec.decode(data.buffer))
+            except Exception:  # noqa: BLE001 - one bad message must not stop the reader
+                log.exception("failed to process a message from the engine core")
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, CoreOutputs):
+            self._on_outputs(msg)
+        elif isinstance(msg, CoreUtilityResult):
+            fut = self._calls.get(msg.call_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, CoreError):
+            self._core_error = msg
+            log.error("engine core reports a %s error: %s", msg.kind, msg.message)
+
+    def _on_outputs(self, msg: CoreOutputs) -> None:
+        now = time.time()
+        streams, listener = self._streams, self.listener
+        if msg.stats is not None:
+            self.stats = msg.stats
+            self._safe(listener.on_stats, msg.stats)
+        for rid in msg.scheduled:
+            stream = streams.get(rid)
+            if stream is not None and not stream.scheduled:
+                stream.scheduled = True
+                stream.scheduled_time = now
+                self.num_waiting -= 1
+                self.num_running += 1
+                if stream.timer is not None:
+                    stream.timer.cancel()
+                    stream.timer = None
+                self._safe(listener.on_scheduled, stream, now)
+        for rid in msg.preempted:
+            stream = streams.get(rid)
+            if stream is not None and stream.scheduled:
+                stream.scheduled = False
+                self.num_running -= 1
+                self.num_waiting += 1
+        results, stopped = self.processor.process(msg.outputs)
+        if stopped:
+            self.core.send(CoreAbort(stopped))
+        for out in results:
+            stream = streams.get(out.request_id)
             if stream is None:
                 continue
-            try:
-                self.listener.on_output(stream, out, ev.now)
-            except Exception:  # metrics must never break serving
-                log.exception("metrics listener failed")
-            stream.latest, stream.dirty = out, True
+            self._safe(listener.on_output, stream, out, now)
+            stream.push(out)
             if out.finished:
-                stream.finished = True
-                del self._streams[out.request_id]
-                self._safe_finished(stream, out.outputs[0].finish_reason or "abort")
+                self._finished(stream, out.outputs[0].finish_reason or "abort")
             stream.notify.set()
-        for rid, exc in ev.failed:
-            stream = self._streams.pop(rid, None)
-            if stream is not None:
-                self._fail(stream, exc)
+        for f in msg.failed:
+            stream = streams.get(f.request_id)
+            if stream is None:
+                continue
+            self.processor.remove(f.request_id)
+            if f.kind == "queue_timeout":
+                exc: BaseException = QueueTimeoutError(
+                    f"the request waited more than --queue-timeout {self.queue_timeout:g}s in "
+                    "the queue without being scheduled")
+                self._fail(stream, exc, "timeout")
+            else:
+                self._fail(stream, RequestFailedError(f"the engine failed this request: "
+                                                      f"{f.message}"), "error")
 
-    def _fail(self, stream: RequestStream, exc: BaseException) -> None:
-        stream.finished = True
-        stream.error = exc
-        if not stream.accepted.done():
-            stream.accepted.set_exception(exc)
-            stream.accepted.exception()          # mark retrieved
-        self._safe_finished(stream, "error" if isinstance(exc, EngineDeadError) else "abort")
-        stream.notify.set()
-
-    def _safe_finished(self, stream: RequestStream, reason: str) -> None:
-        try:
-            self.listener.on_finished(stream, reason)
-        except Exception:
-            log.exception("metrics listener failed")
-
-    def _fail_all(self, exc: BaseException) -> None:
-        streams, self._streams = list(self._streams.values()), {}
-        for stream in streams:
-            self._fail(stream, exc)
-
-    def _post(self, ev: _Events) -> None:
+    def _on_core_exit(self) -> None:
         loop = self._loop
-        if loop is None or loop.is_closed():
-            return
         try:
-            loop.call_soon_threadsafe(self._deliver, ev)
-        except RuntimeError:    # loop closed under us during shutdown
+            loop.remove_reader(self.core.proc.sentinel)
+        except (ValueError, OSError):
             pass
+        if self._stopping:
+            return
+        self._drain_socket()
+        self.core.proc.join(5)
+        code = self.core.proc.exitcode
+        err = self._core_error
+        what = f"{err.kind} error: {err.message}" if err else f"exited with code {code}"
+        self._dead = f"the engine core process died ({what})"
+        log.error("%s; failing %d open request(s)", self._dead, len(self._streams))
+        self._fail_all(EngineDeadError(self._dead))
+        exit_code = CUDA_OOM_EXIT_CODE if (err and err.kind == "oom") or \
+            code == CUDA_OOM_EXIT_CODE else 1
+        if self.on_dead is not None:
+            loop.call_later(self.dead_exit_delay, self.on_dead, exit_code)
 
-    # -- engine thread ---------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stop:
-                self._wake.clear()
-                ev = _Events()
-                self._process_commands(ev)
-                self._expire_queue(ev)
-                engine = self.engine
-                stepped = False
-                if engine.has_unfinished_requests():
-                    ev.outputs.extend(engine.step())
-                    ev.now = time.time()
-                    self._note_scheduled()
-                    stepped = True
-                self.stats = stats = engine.stats()
-                if stepped and not ev.outputs and stats.num_running == 0:
-                    self._wake.wait(0.002)   # nothing could be scheduled; don't spin hot
-                if ev:
-                    self._post(ev)
-                if not engine.has_unfinished_requests() and not self._stop:
-                    self._wake.wait()
-        except BaseException as exc:     # noqa: BLE001 - report any death, then stop
-            log.exception("engine loop died")
-            self._dead = exc
-            err = EngineDeadError(f"the engine loop died: {type(exc).__name__}: {exc}")
-            loop = self._loop
-            if loop is not None and not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(self._fail_all, err)
-                except RuntimeError:
-                    pass
-
-    def _process_commands(self, ev: _Events) -> None:
+    def _drain_socket(self) -> None:
+        """Take what the core sent before it died (its CoreError, last outputs)."""
+        sock = self.core.out_sock
         while True:
             try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
+                data = sock.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
                 return
-            if isinstance(cmd, _Add):
-                try:
-                    self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
-                                            priority=cmd.priority)
-                except Exception as exc:  # noqa: BLE001 - rejection goes back to the caller
-                    self._dequeued += 1
-                    ev.accepted.append((cmd.request_id, exc))
-                    continue
-                self._unscheduled[cmd.request_id] = cmd.deadline
-                ev.accepted.append((cmd.request_id, None))
-            else:
-                out = self.engine.abort_request(cmd.request_id)
-                if cmd.request_id in self._unscheduled:
-                    del self._unscheduled[cmd.request_id]
-                    self._dequeued += 1
-                if out is None:
-                    continue
-                if cmd.error is not None:
-                    ev.failed.append((cmd.request_id, cmd.error))
-                else:
-                    ev.outputs.append(out)
-                    ev.now = time.time()
+            try:
+                self._dispatch(self._dec.decode(data))
+            except Exception:  # noqa: BLE001
+                log.exception("failed to process a message from the engine core")
 
-    def _expire_queue(self, ev: _Events) -> None:
-        if self.queue_timeout is None or not self._unscheduled:
-            return
-        now = time.monotonic()
-        expired = []
-        for rid, deadline in self._unscheduled.items():   # arrival order = deadline order
-            if deadline is None or deadline > now:
-                break
-            expired.append(rid)
-        for rid in expired:
-            del self._unscheduled[rid]
-            self._dequeued += 1
-            if self.engine.abort_request(rid) is not None:
-                ev.failed.append((rid, QueueTimeoutError(
-                    f"the request waited more than --queue-timeout {self.queue_timeout:g}s "
-                    "in the queue without being scheduled")))
+    # -- bookkeeping ---------------------------------------------------------------------
+    def _settle_counts(self, stream: RequestStream) -> None:
+        if stream.scheduled:
+            self.num_running -= 1
+        else:
+            self.num_waiting -= 1
+        if stream.timer is not None:
+            stream.timer.cancel()
+            stream.timer = None
 
-    def _note_scheduled(self) -> None:
-        if not self._unscheduled:
+    def _finished(self, stream: RequestStream, reason: str) -> None:
+        if stream.finished:
             return
-        done = [rid for rid in self._unscheduled if not self.engine.is_waiting_unscheduled(rid)]
-        for rid in done:
-            del self._unscheduled[rid]
-        self._dequeued += len(done)
+        stream.finished = True
+        self._streams.pop(stream.request_id, None)
+        self._settle_counts(stream)
+        self._safe(self.listener.on_finished, stream, reason)
+        stream.notify.set()
+
+    def _fail(self, stream: RequestStream, exc: BaseException, reason: str) -> None:
+        if stream.finished:
+            return
+        stream.error = exc
+        self._finished(stream, reason)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            self.processor.remove(stream.request_id)
+            self._fail(stream, exc, "error")
+
+    def _safe(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - metrics must never break serving
+            log.exception("engine listener failed")

@@ -19,7 +19,7 @@ class LLM:
         if unknown:
             raise TypeError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         self.config = EngineConfig(model=str(model), **kwargs)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, usage="offline")
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -38,8 +38,9 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0,
-                                        stream=False)
+                if p.output_kind != "final":
+                    p = dataclasses.replace(p, output_kind="final")
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
                 ids.append(rid)
         except Exception:
             for rid in ids:

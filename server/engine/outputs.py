@@ -1,4 +1,9 @@
-"""What the engine hands back: cumulative per-request outputs (vLLM's shapes)."""
+"""What callers get back: per-request outputs in vLLM's shapes.
+
+An output is cumulative (everything so far), a delta (only what is new since the
+last output of that request; the server streams these, so no step copies a whole
+output) or final, as the request's `SamplingParams.output_kind` asks.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None     # the stop string or stop token that ended it
     # Per generated token: {token_id: logprob} of the top-N plus the sampled token.
     logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # of the sampled tokens (when logprobs asked)
 
 
 @dataclass
@@ -34,3 +40,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -1,13 +1,20 @@
-"""Model runner: device, weights, KV cache allocation and sizing, batch tensors.
+"""Model runner: device, weights, KV cache allocation and sizing, step inputs.
 
 Executes what the scheduler decided: packs the scheduled tokens of all requests into
-one flat batch (prefill chunks and decodes mixed), writes their K/V through a slot
+one flat batch (decodes first, then prefill chunks), writes their K/V through a slot
 mapping, and returns the logits of the rows that produce a token this step.
+
+Every step's inputs travel the same way: packed on the host into a pinned staging
+buffer, one non-blocking copy per dtype, block tables kept on the device per row slot
+and updated only where a request gained blocks. Pure-decode steps replay CUDA graphs
+at padded batch sizes; mixed steps run eagerly from the same staged inputs. Nothing
+on the step path copies pageable memory to the device or reads a device value back.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +23,8 @@ import numpy as np
 import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig
-from pagefleet.server.engine.scheduler import ScheduledRequest
+from pagefleet.server.engine.scheduler import SchedulerOutput
+from pagefleet.server.engine.staging import Staging
 from pagefleet.server.models.config import ModelConfig
 from pagefleet.server.models.decoder import AttentionMetadata, DecoderForCausalLM, Ops
 from pagefleet.server.models.loader import load_model
@@ -27,6 +35,16 @@ GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def cpu_threads() -> int:
+    """Torch threads for a CPU engine: PAGEFLEET_CPU_THREADS, else one core less than
+    the machine has, at most 4: the API process needs a core too, and small models gain
+    nothing from more (oversubscribed OpenMP threads cost 20x here, measured)."""
+    env = os.environ.get("PAGEFLEET_CPU_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,6 +112,8 @@ class ModelRunner:
         self.model_cfg = model_cfg
         self.max_model_len = max_model_len
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads())
         self.dtype = resolve_dtype(config.dtype, model_cfg, self.device)
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.block_size
@@ -105,6 +125,12 @@ class ModelRunner:
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
                                                     self.ops, max_positions=max_model_len)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self._setup_step_buffers()
+        self.layout: CacheLayout | None = None
+
+    def init_kv_cache(self) -> None:
+        """Size and allocate the KV cache, then capture the decode graphs. Called once
+        everything else that stays resident (the sampler's state) is allocated."""
         self.layout = self._size_kv_cache()
         self._allocate_kv_cache()
         if self.device.type == "cuda":
@@ -218,7 +244,7 @@ class ModelRunner:
             cu_seqlens_q=torch.tensor(np.cumsum([0] + lens), dtype=torch.int32, device=dev),
             context_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            max_query_len=max(lens))
+            max_query_len=max(lens), num_decodes=0)
         with torch.inference_mode():
             hidden = self.model(ids, meta)
             rows = min(n, self.config.max_num_seqs)
@@ -243,7 +269,6 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = caches[i] if caches else (None, None)
 
-    # -- execution ---------------------------------------------------------------------
     def set_ops(self, ops: type[Ops]) -> None:
         """Swap the op implementations (benchmarks compare the torch twins and Triton on
         one loaded model); CUDA graphs are recaptured for graph-safe ops."""
@@ -255,110 +280,197 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._setup_decode_path()
 
-    def prepare(self, scheduled: list[ScheduledRequest],
-                block_tables: list[list[int]]) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
-        """Flat batch tensors for the scheduled requests, and the rows to sample from."""
-        bs = self.block_size
-        n_seqs = len(scheduled)
-        num_new = [s.num_new_tokens for s in scheduled]
-        cu = np.zeros(n_seqs + 1, dtype=np.int64)
-        np.cumsum(num_new, out=cu[1:])
-        total = int(cu[-1])
-        input_ids = np.empty(total, dtype=np.int64)
-        positions = np.empty(total, dtype=np.int64)
-        ctx_lens = np.empty(n_seqs, dtype=np.int32)
-        width = max(len(t) for t in block_tables)
-        tables = np.zeros((n_seqs, width), dtype=np.int32)
-        sample_rows: list[int] = []
-        for i, (s, table) in enumerate(zip(scheduled, block_tables)):
-            r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + num_new[i]
-            a, b = cu[i], cu[i + 1]
-            if end - start == 1:
-                # A pending token (async scheduling) is not on the host yet: 0 stands
-                # in, and the device copy replaces it.
-                input_ids[a] = r.all_token_ids[start] if start < len(r.all_token_ids) else 0
-                positions[a] = start
-            else:
-                input_ids[a:b] = r.all_token_ids[start:end]
-                positions[a:b] = np.arange(start, end)
-            ctx_lens[i] = end
-            tables[i, :len(table)] = table
-            if s.samples:
-                sample_rows.append(int(b) - 1)
-        seq_of = np.repeat(np.arange(n_seqs), num_new)
-        slots = tables[seq_of, positions // bs].astype(np.int64) * bs + positions % bs
+    # -- step inputs -------------------------------------------------------------------
+    def _setup_step_buffers(self) -> None:
+        """Persistent per-row state on the device (allocated before KV sizing, so it
+        counts as persistent memory): a block table per row slot, updated in place as
+        requests get blocks, and the last sampled token of each sampling row (read on
+        the device by the next step's pending decodes)."""
         dev = self.device
-        meta = AttentionMetadata(
-            positions=torch.from_numpy(positions).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            cu_seqlens_q=torch.from_numpy(cu.astype(np.int32)).to(dev),
-            context_lens=torch.from_numpy(ctx_lens).to(dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            max_query_len=max(num_new))
-        return torch.from_numpy(input_ids).to(dev), meta, sample_rows
+        self.max_rows = self.config.max_num_seqs
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+        self.block_table = torch.zeros(self.max_rows, self.max_blocks, dtype=torch.int32,
+                                       device=dev)
+        self.last_tokens = torch.zeros(self.max_rows, dtype=torch.long, device=dev)
+        cap = 4 * (self.config.max_num_batched_tokens + self.max_rows) + 8 * self.max_rows
+        self.staging = Staging(dev, capacity_i64=cap + 4096)
+        self._bt_src: list[list[int] | None] = [None] * self.max_rows
+        self._bt_len = [0] * self.max_rows
 
+    def stage(self, sched: SchedulerOutput, tables: list[list[int]]) -> "StagedStep":
+        """Pack the step's inputs into the staging buffer (host work only).
+
+        Rows are the scheduler's: `sched.num_decodes` one-token decodes first, then
+        prefill chunks. A decode whose input is the previous step's pending token
+        reads it from `last_tokens[r.sample_row]` on the device."""
+        rows = sched.scheduled
+        n_rows, n_dec = len(rows), sched.num_decodes
+        st = self.staging
+        bs = self.block_size
+        padded = self._padded_size(sched)
+        n_tok = sum(s.num_new_tokens for s in rows)
+        width = padded or n_tok
+        tok_h, tok = st.reserve("i64", 4, width)          # ids, positions, slots, pending row
+        row_h, row = st.reserve("i64", 2, padded or n_rows)   # context lens, row slot
+        ids, pos, slot_map, pend = tok[0], tok[1], tok[2], tok[3]
+        ctx, row_slot = row[0], row[1]
+        bt_src, bt_len = self._bt_src, self._bt_len
+        upd_slot: list[int] = []
+        upd_col: list[int] = []
+        upd_blk: list[int] = []
+        sample_rows: list[int] = []
+        # Decode rows: scalars per row.
+        d_ids, d_pos, d_slot, d_pend = [], [], [], []
+        for i in range(n_dec):
+            s = rows[i]
+            r = s.request
+            p = r.num_computed_tokens
+            table = tables[i]
+            if s.pending:
+                d_ids.append(0)
+                d_pend.append(r.sample_row)
+            else:
+                d_ids.append(r.all_token_ids[p])
+                d_pend.append(-1)
+            d_pos.append(p)
+            d_slot.append(table[p // bs] * bs + p % bs)
+        if n_dec:
+            ids[:n_dec] = d_ids
+            pos[:n_dec] = d_pos
+            slot_map[:n_dec] = d_slot
+            pend[:n_dec] = d_pend
+            ctx[:n_dec] = pos[:n_dec] + 1
+            sample_rows = list(range(n_dec))
+        # Prefill rows: slices of the token lists.
+        cu = [0]
+        a = n_dec
+        max_q = 1
+        for i in range(n_dec, n_rows):
+            s = rows[i]
+            r = s.request
+            start, n = r.num_computed_tokens, s.num_new_tokens
+            b = a + n
+            ids[a:b] = r.all_token_ids[start:start + n]
+            p = np.arange(start, start + n)
+            pos[a:b] = p
+            table = np.asarray(tables[i], dtype=np.int64)
+            slot_map[a:b] = table[p // bs] * bs + p % bs
+            pend[a:b] = -1
+            ctx[i] = start + n
+            cu.append(b - n_dec)
+            max_q = max(max_q, n)
+            if s.samples:
+                sample_rows.append(b - 1)
+            a = b
+        # Row slots and block-table updates (only the blocks a row gained). The books
+        # (`_bt_src`, `_bt_len`) change only once every array is staged: a staging
+        # overflow retries the whole step.
+        changed: list[tuple[int, list[int], int]] = []
+        for i in range(n_rows):
+            r = rows[i].request
+            slot = r.slot
+            row_slot[i] = slot
+            table = tables[i]
+            size = len(table)
+            first = bt_len[slot] if bt_src[slot] is table and bt_len[slot] <= size else 0
+            if size > first or bt_src[slot] is not table:
+                upd_slot.extend([slot] * (size - first))
+                upd_col.extend(range(first, size))
+                upd_blk.extend(table[first:size])
+                changed.append((slot, table, size))
+        if padded:
+            ids[n_rows:] = 0
+            pos[n_rows:] = 0
+            slot_map[n_rows:] = -1
+            pend[n_rows:] = -1
+            ctx[n_rows:] = 0
+            row_slot[n_rows:] = 0
+        upd_h = st.put("i64", [upd_slot, upd_col, upd_blk], 3, len(upd_slot)) if upd_slot else None
+        cu_h = st.put("i64", cu) if n_rows > n_dec else None
+        rows_h = st.put("i64", sample_rows)
+        for slot, table, size in changed:
+            bt_src[slot], bt_len[slot] = table, size
+        return StagedStep(tok_h, row_h, upd_h, cu_h, rows_h, n_tok, n_rows, n_dec, max_q,
+                          len(sample_rows), padded)
+
+    def _padded_size(self, sched: SchedulerOutput) -> int:
+        """The captured batch size for a pure-decode step, or 0 (eager, unpadded)."""
+        n = len(sched.scheduled)
+        if self._decode_sizes and sched.num_decodes == n and n <= self._decode_sizes[-1]:
+            return next(b for b in self._decode_sizes if b >= n)
+        return 0
+
+    # -- execution ---------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest], block_tables: list[list[int]],
-                prev_tokens: torch.Tensor | None = None,
-                prev_rows: list[int] | None = None) -> torch.Tensor:
-        """Logits `[num_sampling_rows, vocab]` (float32) for the rows that sample.
-
-        With `prev_tokens` (async scheduling) every row is a decode whose input is
-        `prev_tokens[prev_rows[i]]`, the previous step's sample, read on the device.
-        """
-        if (self._decode_sizes and len(scheduled) <= self._decode_sizes[-1]
-                and all(s.num_new_tokens == 1 for s in scheduled)):
-            return self._execute_decode(scheduled, block_tables, prev_tokens, prev_rows)
+    def execute(self, step: "StagedStep") -> torch.Tensor:
+        """Queue the step's forward (after `staging.commit()`); returns the logits
+        `[num_sampling_rows, vocab]` (float32) of the rows that sample."""
+        st = self.staging
+        if step.bt_updates is not None:
+            upd = st.get(step.bt_updates)
+            self.block_table[upd[0], upd[1]] = upd[2].to(torch.int32)
         t0 = time.perf_counter()
-        input_ids, meta, rows = self.prepare(scheduled, block_tables)
-        if prev_tokens is not None:
-            input_ids = self._gather_pending(prev_tokens, prev_rows)
+        tok, row = st.get(step.tok), st.get(step.row)
+        if step.padded:
+            self._g_tok[:, :step.padded].copy_(tok)
+            self._g_row[:, :step.padded].copy_(row)
+            graph = self._graphs.get(step.padded)
+            if graph is not None:
+                graph[0].replay()
+                hidden = graph[1]
+            else:
+                hidden = self._decode_forward(step.padded)
+            self.last_prepare_s = time.perf_counter() - t0
+            return self.model.compute_logits(hidden[:step.num_samples]).float()
+        ids = self._input_ids(tok[0], tok[3])
+        meta = AttentionMetadata(
+            positions=tok[1], slot_mapping=tok[2],
+            cu_seqlens_q=st.get(step.cu) if step.cu is not None else row[0][:0],
+            context_lens=row[0], block_tables=self.block_table.index_select(0, row[1]),
+            max_query_len=step.max_query_len, num_decodes=step.num_decodes)
         self.last_prepare_s = time.perf_counter() - t0
-        hidden = self.model(input_ids, meta)
-        if not rows:
+        hidden = self.model(ids, meta)
+        if step.num_samples == 0:
             return torch.empty(0, self.model_cfg.vocab_size, device=self.device)
-        return self.model.compute_logits(hidden[rows]).float()
+        if step.num_samples == step.num_tokens:
+            return self.model.compute_logits(hidden).float()
+        return self.model.compute_logits(hidden.index_select(0, st.get(step.sample_rows))).float()
 
-    # -- padded decode batches and CUDA graphs (CUDA only) ---------------------------------
+    def _input_ids(self, ids: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+        """Known ids, with pending decodes' ids read from the previous step's samples."""
+        prev = self.last_tokens.index_select(0, pending.clamp(min=0))
+        return torch.where(pending >= 0, prev, ids)
+
+    # -- padded decode batches and CUDA graphs ------------------------------------------
     last_prepare_s = 0.0
 
-    def _setup_decode_path(self) -> None:
+    def _setup_decode_path(self, force: bool = False) -> None:
         """Pure decode batches run at padded sizes from static input buffers, replayed
         from CUDA graphs unless --enforce-eager (or the ops are not graph-safe). Eager
-        runs use the same padded shapes, so outputs with and without graphs are equal."""
+        runs use the same padded shapes, so outputs with and without graphs are equal.
+        `force` sets up the padded path without a GPU (tests run it eagerly on the CPU).
+        """
         self._graphs.clear()
-        if not getattr(self.ops, "graph_safe", False):
+        if not (force or getattr(self.ops, "graph_safe", False)):
             self._decode_sizes = []
             return
-        self._decode_sizes = decode_batch_sizes(self.config.max_num_seqs)
-        max_bs = self._decode_sizes[-1]
+        sizes = decode_batch_sizes(min(self.config.max_num_seqs, MAX_GRAPH_BATCH))
+        self._decode_sizes = sizes
+        max_bs = sizes[-1]
         dev = self.device
-        max_blocks = -(-self.max_model_len // self.block_size)
-        pin = dev.type == "cuda"
-        # Rows: input ids, positions, slots, context lengths (padding rows: slot -1, ctx 0).
-        self._static_i64 = torch.zeros(4, max_bs, dtype=torch.long, device=dev)
-        self._static_i64[2].fill_(-1)
-        self._static_bt = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev)
-        # Host mirrors, written in place each step and sent in two copies. A block-table
-        # row is rewritten only when its request changed; a request's block list (the
-        # KV manager's own list object) only grows, so otherwise just its tail is new.
-        self._host_i64 = torch.zeros(4, max_bs, dtype=torch.long, pin_memory=pin)
-        self._host_i64[2].fill_(-1)
-        self._host_bt = torch.zeros(max_bs, max_blocks, dtype=torch.int32, pin_memory=pin)
-        self._host_i64_np, self._host_bt_np = self._host_i64.numpy(), self._host_bt.numpy()
-        self._bt_src: list[list[int] | None] = [None] * max_bs
-        self._bt_len = [0] * max_bs
-        self._copied: torch.cuda.Event | None = None
-        if self.config.enforce_eager:
-            log.info("CUDA graphs off (--enforce-eager); decode batches padded to %s",
-                     self._decode_sizes)
+        self._g_tok = torch.zeros(4, max_bs, dtype=torch.long, device=dev)
+        self._g_tok[2].fill_(-1)
+        self._g_tok[3].fill_(-1)
+        self._g_row = torch.zeros(2, max_bs, dtype=torch.long, device=dev)
+        if self.config.enforce_eager or dev.type != "cuda":
+            log.info("CUDA graphs off%s; decode batches padded to %s",
+                     " (--enforce-eager)" if self.config.enforce_eager else "", sizes)
             return
         t0 = time.perf_counter()
         free_before = torch.cuda.mem_get_info(dev)[0]
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
-            for bs in reversed(self._decode_sizes):
+            for bs in reversed(sizes):
                 self._decode_forward(bs)   # warm-up: compiles the kernels outside capture
                 torch.cuda.synchronize(dev)
                 graph = torch.cuda.CUDAGraph()
@@ -370,66 +482,32 @@ class ModelRunner:
         log.info("CUDA graphs: captured %d decode batch sizes (1..%d) in %.1f s, %.2f GiB",
                  len(self._graphs), max_bs, time.perf_counter() - t0, used / GiB)
 
-    def _static_meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            positions=self._static_i64[1, :bs], slot_mapping=self._static_i64[2, :bs],
-            cu_seqlens_q=self._static_i64[3, :0], context_lens=self._static_i64[3, :bs],
-            block_tables=self._static_bt[:bs], max_query_len=1)
-
     def _decode_forward(self, bs: int) -> torch.Tensor:
-        return self.model(self._static_i64[0, :bs], self._static_meta(bs))
+        """The captured decode step: input ids (pending ones from `last_tokens`), block
+        tables gathered by row slot, then the model. Reads only static buffers."""
+        tok, row = self._g_tok[:, :bs], self._g_row[:, :bs]
+        meta = AttentionMetadata(
+            positions=tok[1], slot_mapping=tok[2], cu_seqlens_q=row[0][:0],
+            context_lens=row[0], block_tables=self.block_table.index_select(0, row[1]),
+            max_query_len=1, num_decodes=bs)
+        return self.model(self._input_ids(tok[0], tok[3]), meta)
 
-    def _gather_pending(self, prev_tokens: torch.Tensor, prev_rows: list[int]) -> torch.Tensor:
-        index = torch.tensor(prev_rows, dtype=torch.long)
-        if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)
-        return prev_tokens.index_select(0, index)
 
-    def _execute_decode(self, scheduled: list[ScheduledRequest], block_tables: list[list[int]],
-                        prev_tokens: torch.Tensor | None = None,
-                        prev_rows: list[int] | None = None) -> torch.Tensor:
-        t0 = time.perf_counter()
-        n = len(scheduled)
-        bs_pad = next(b for b in self._decode_sizes if b >= n)
-        blk = self.block_size
-        if self._copied is not None:
-            self._copied.synchronize()   # the host mirrors are free to overwrite
-        h, bt = self._host_i64_np, self._host_bt_np
-        src, lens = self._bt_src, self._bt_len
-        ids, pos, slots = [], [], []
-        for i, (s, table) in enumerate(zip(scheduled, block_tables)):
-            r = s.request
-            p = r.num_computed_tokens
-            ids.append(r.all_token_ids[p] if p < len(r.all_token_ids) else 0)
-            pos.append(p)
-            slots.append(table[p // blk] * blk + p % blk)
-            size = len(table)
-            if src[i] is not table or lens[i] > size:
-                bt[i, :size] = table
-                src[i], lens[i] = table, size
-            elif lens[i] < size:
-                bt[i, lens[i]:size] = table[lens[i]:]
-                lens[i] = size
-        h[0, :n] = ids
-        h[1, :n] = pos
-        h[2, :n] = slots
-        h[3, :n] = h[1, :n] + 1
-        h[2, n:bs_pad] = -1
-        h[3, n:bs_pad] = 0
-        self._static_i64.copy_(self._host_i64, non_blocking=True)
-        self._static_bt[:n].copy_(self._host_bt[:n], non_blocking=True)
-        if prev_tokens is not None:
-            self._static_i64[0, :n] = self._gather_pending(prev_tokens, prev_rows)
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        self.last_prepare_s = time.perf_counter() - t0
-        if bs_pad in self._graphs:
-            graph, out = self._graphs[bs_pad]
-            graph.replay()
-            hidden = out
-        else:
-            hidden = self._decode_forward(bs_pad)
-        rows = [i for i, s in enumerate(scheduled) if s.samples]
-        hidden = hidden[:n] if len(rows) == n else hidden[rows]
-        return self.model.compute_logits(hidden).float()
+MAX_GRAPH_BATCH = 512   # larger decode batches run eagerly (as vLLM caps its captures)
+
+
+@dataclass(slots=True)
+class StagedStep:
+    """Handles into the staging buffer for one step, plus the host-side shape facts."""
+
+    tok: int
+    row: int
+    bt_updates: int | None
+    cu: int | None
+    sample_rows: int
+    num_tokens: int
+    num_rows: int
+    num_decodes: int
+    max_query_len: int
+    num_samples: int
+    padded: int

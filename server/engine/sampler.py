@@ -1,9 +1,18 @@
-"""Batched sampling: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+"""Batched sampling with persistent device state: penalties, temperature, top-k /
+top-p / min-p, seeds, logprobs.
 
-Each step turns the logits of the requests that produce a token into token ids.
-Greedy rows take the argmax of the penalised logits. Random rows draw with the
-exponential-race trick (argmax of p / E, E ~ Exp(1)), with E drawn from the request's
-own generator: a seeded request gets the same tokens whatever else is in the batch.
+Each running request owns a row slot. Its sampling parameters live in a device
+tensor row, written once when it gets the slot; its prompt-token mask and output-token
+counts (for the penalties) live on the device too and are updated there from the
+sampled tokens. So a step's host work is one list of slots and a few flags; nothing on
+the step path copies pageable memory to the device or reads a device value back,
+greedy or not.
+
+Random rows draw with the exponential race (argmax of p / E, E ~ Exp(1)): one batched
+draw for unseeded rows, and for a seeded request a draw over the whole vocabulary
+from its own generator, so a seeded request gets the same tokens whatever else is in
+the batch. With top-k set (Qwen's and Llama's generation configs all set it) the
+candidates are the top-k values alone: no sort of the vocabulary.
 
 The filter functions are public and pure so tests can check them against a direct
 computation on fixed logits.
@@ -11,11 +20,18 @@ computation on fixed logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from pagefleet.server.engine.protocol import Logprobs
 from pagefleet.server.engine.request import Request
+from pagefleet.server.engine.staging import Staging
+
+# Param columns of the per-slot device row.
+_TEMP, _TOP_P, _TOP_K, _MIN_P, _REP, _FREQ, _PRES, _GREEDY = range(8)
+_NUM_COLS = 8
+TOPK_PATH_MAX = 1024   # top-k up to this takes the top-k path (no full sort)
 
 
 def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
@@ -25,20 +41,24 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
 
     Repetition (HF/CTRL style) applies to tokens seen in prompt or output: positive
     logits are divided by it, negative ones multiplied. Frequency and presence (OpenAI
-    style) apply to output tokens only.
+    style) apply to output tokens only. Neutral values (1, 0, 0) leave a row exactly
+    unchanged, so rows without penalties can share the batch.
     """
-    seen = prompt_mask | (output_counts > 0)
+    counts = output_counts.to(logits.dtype)
+    seen_out = output_counts > 0
+    seen = prompt_mask | seen_out
     rep = repetition.unsqueeze(1)
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
-    logits = logits - frequency.unsqueeze(1) * output_counts
-    logits = logits - presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    logits = logits - frequency.unsqueeze(1) * counts
+    logits = logits - presence.unsqueeze(1) * seen_out.to(logits.dtype)
     return logits
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                             min_p: torch.Tensor) -> torch.Tensor:
-    """Mask filtered tokens to -inf. top_k `[B]` (<= 0: off), top_p, min_p `[B]`.
+    """Mask filtered tokens to -inf over the whole vocabulary (the sort path).
+    top_k `[B]` (<= 0: off), top_p, min_p `[B]`.
 
     Order as vLLM: top-k, then top-p on what is left (the smallest set whose mass
     reaches p, always keeping the most likely token), then min-p relative to the
@@ -47,30 +67,73 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
     vocab = logits.shape[1]
     k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    filtered = _filter_sorted(sorted_logits, k, top_p, min_p)
+    return torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, filtered)
+
+
+def _filter_sorted(sorted_logits: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor) -> torch.Tensor:
+    """top-k / top-p / min-p on logits sorted in descending order along dim 1."""
+    width = sorted_logits.shape[1]
+    ranks = torch.arange(width, device=sorted_logits.device).unsqueeze(0)
     remove = ranks >= k.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     remove = remove | (mass_before >= top_p.unsqueeze(1))
+    remove = remove | (probs < min_p.unsqueeze(1) * probs[:, :1])
     remove[:, 0] = False
-    filtered = sorted_logits.masked_fill(remove, float("-inf"))
-    out = torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, filtered)
-    if bool((min_p > 0).any()):
-        p = out.softmax(dim=-1)
-        threshold = min_p.unsqueeze(1) * p.max(dim=-1, keepdim=True).values
-        out = out.masked_fill(p < threshold, float("-inf"))
-    return out
+    return sorted_logits.masked_fill(remove, float("-inf"))
+
+
+def top_k_candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k path: (candidate logits `[B, k_max]` with filtered ones at -inf, their
+    token ids). Every row's top_k must be in 1..k_max."""
+    vals, idx = logits.topk(k_max, dim=-1)   # sorted, descending
+    return _filter_sorted(vals, top_k, top_p, min_p), idx
 
 
 @dataclass
 class SampleResult:
     token_ids: list[int]
-    logprobs: list[dict[int, float] | None]
+    logprobs: list[Logprobs | None]
+
+
+class PendingSample:
+    """Sampled tokens still on the device, with their copy to the host under way.
+
+    `tokens` stays on the device; the next step's forward reads its pending input ids
+    from the runner's `last_tokens`. `resolve()` waits for this step's copy alone,
+    not for whatever was queued on the device after it.
+    """
+
+    def __init__(self, tokens_host: torch.Tensor, n: int, logprob_parts: tuple | None,
+                 want: list[int], device: torch.device) -> None:
+        self._host = tokens_host
+        self._n = n
+        self._lp = logprob_parts
+        self._want = want
+        self._event = None
+        if device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def resolve(self) -> SampleResult:
+        if self._event is not None:
+            self._event.synchronize()
+        tokens = self._host[:self._n].tolist()
+        logprobs: list[Logprobs | None] = [None] * self._n
+        if self._want:
+            top_vals, top_ids, chosen, ranks, n_top = self._lp
+            vals, ids, ch, rk = top_vals.tolist(), top_ids.tolist(), chosen.tolist(), ranks.tolist()
+            for j, i in enumerate(self._want):
+                n = n_top[j]
+                logprobs[i] = Logprobs([[tokens[i]] + ids[j][:n]], [[ch[j]] + vals[j][:n]], [rk[j]])
+        return SampleResult(tokens, logprobs)
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """Start a device->host copy without waiting for it (pinned memory on CUDA)."""
     if t.device.type != "cuda":
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -78,125 +141,211 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-class PendingSample:
-    """Sampled tokens still on the device, with their copy to the host under way.
+@dataclass
+class SamplerStep:
+    """What `stage()` decided for one step (host facts + staging handles)."""
 
-    `tokens` stays on the device so that the next step's forward can read its input
-    ids from it before the host has seen them (async scheduling); `resolve()` waits for
-    the copy alone, not for whatever was queued on the device after it.
-    """
-
-    def __init__(self, tokens: torch.Tensor, logprob_parts: tuple | None,
-                 want: list[int], n_top: list[int]) -> None:
-        self.tokens = tokens
-        self._host = [_to_host(tokens)] + [_to_host(t) for t in (logprob_parts or ())]
-        self._want, self._n_top = want, n_top
-        self._event = None
-        if tokens.device.type == "cuda":
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def resolve(self) -> SampleResult:
-        if self._event is not None:
-            self._event.synchronize()
-        token_list = self._host[0].tolist()
-        logprobs: list[dict[int, float] | None] = [None] * len(token_list)
-        if self._want:
-            top_vals, top_ids, chosen = (t.tolist() for t in self._host[1:])
-            for j, i in enumerate(self._want):
-                n = self._n_top[j]
-                entry = dict(zip(top_ids[j][:n], top_vals[j][:n]))
-                entry[token_list[i]] = chosen[j]
-                logprobs[i] = entry
-        return SampleResult(token_list, logprobs)
+    num_rows: int
+    fast_greedy: bool
+    slots: int | None = None
+    param_updates: tuple[int, int] | None = None      # (slots handle, values handle)
+    mask_updates: int | None = None                    # [2, n] (slot, prompt token)
+    count_updates: int | None = None                   # [2, n] (slot, output token)
+    reset_slots: int | None = None
+    bans: int | None = None                            # [2, n] (row, token)
+    any_random: bool = False
+    any_penalties: bool = False
+    filter_path: str = ""                              # "", "topk" or "sort"
+    k_max: int = 0
+    seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)
+    want: list[int] = field(default_factory=list)
+    want_rows: int | None = None
+    n_top: list[int] = field(default_factory=list)
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, max_rows: int,
+                 seed: int = 0) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        self.max_rows = max_rows
+        self.params = torch.zeros(max_rows, _NUM_COLS, dtype=torch.float32, device=device)
+        self.prompt_mask = torch.zeros(max_rows, vocab_size, dtype=torch.bool, device=device)
+        self.out_counts = torch.zeros(max_rows, vocab_size, dtype=torch.int32, device=device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        pin = device.type == "cuda"
+        self._tokens_host = [torch.zeros(max_rows, dtype=torch.long, pin_memory=pin)
+                             for _ in range(2)]
+        self._which = 0
+        # Slot-holders by feature, so an all-greedy batch needs no per-row work.
+        self.num_random = self.num_penalties = self.num_filters = 0
+        self.num_logprobs = self.num_min_tokens = 0
 
-    def _penalty_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        b, v = len(reqs), self.vocab_size
-        prompt_mask = torch.zeros(b, v, dtype=torch.bool, device=self.device)
-        counts = torch.zeros(b, v, dtype=torch.float32, device=self.device)
+    # -- slots ----------------------------------------------------------------------
+    def _count(self, req: Request, delta: int) -> None:
+        p = req.params
+        random = not p.greedy
+        self.num_random += delta * random
+        self.num_penalties += delta * p.has_penalties
+        self.num_filters += delta * (random and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0))
+        self.num_logprobs += delta * (p.logprobs is not None)
+        self.num_min_tokens += delta * (p.min_tokens > 0)
+
+    def slot_taken(self, req: Request) -> None:
+        self._count(req, 1)
+
+    def slot_released(self, req: Request) -> None:
+        self._count(req, -1)
+
+    # -- per step ---------------------------------------------------------------------
+    def stage(self, staging: Staging, reqs: list[Request], new: list[Request]) -> SamplerStep:
+        """Host work for one step's sampling: `reqs` sample (in row order), `new` got
+        their slot this step (their parameter rows and penalty state are written)."""
+        st = SamplerStep(num_rows=len(reqs), fast_greedy=False)
+        if new:
+            rows = []
+            for r in new:
+                p = r.params
+                greedy = p.greedy
+                rows.append([1.0 if greedy else p.temperature, p.top_p,
+                             float(p.top_k if p.top_k > 0 else 0), p.min_p,
+                             p.repetition_penalty, p.frequency_penalty, p.presence_penalty,
+                             1.0 if greedy else 0.0])
+            st.param_updates = (staging.put("i64", [r.slot for r in new]),
+                                staging.put("f32", rows, len(new), _NUM_COLS))
+            pen = [r for r in new if r.params.has_penalties]
+            if pen:
+                st.reset_slots = staging.put("i64", [r.slot for r in pen])
+                m_slot, m_tok, c_slot, c_tok = [], [], [], []
+                for r in pen:
+                    prompt = r.all_token_ids[:r.num_prompt_tokens]
+                    m_slot.extend([r.slot] * len(prompt))
+                    m_tok.extend(prompt)
+                    out = r.all_token_ids[r.num_prompt_tokens:]   # after a preemption
+                    c_slot.extend([r.slot] * len(out))
+                    c_tok.extend(out)
+                st.mask_updates = staging.put("i64", [m_slot, m_tok], 2, len(m_tok))
+                if c_tok:
+                    st.count_updates = staging.put("i64", [c_slot, c_tok], 2, len(c_tok))
+        if not reqs:
+            return st
+        if not (self.num_random or self.num_penalties or self.num_logprobs or self.num_min_tokens):
+            st.fast_greedy = True
+            return st
+        st.slots = staging.put("i64", [r.slot for r in reqs])
+        st.any_random = self.num_random > 0
+        st.any_penalties = self.num_penalties > 0
+        if self.num_filters:
+            ks = [r.params.top_k for r in reqs if not r.params.greedy]
+            if ks and all(0 < k <= TOPK_PATH_MAX for k in ks):
+                st.filter_path, st.k_max = "topk", min(max(ks), self.vocab_size)
+            elif ks:
+                st.filter_path = "sort"
+        ban_rows, ban_toks = [], []
         for i, r in enumerate(reqs):
-            if r.prompt_token_ids:
-                ids = torch.tensor(r.prompt_token_ids, device=self.device).clamp(max=v - 1)
-                prompt_mask[i, ids] = True
-            if r.output_token_ids:
-                ids = torch.tensor(r.output_token_ids, device=self.device).clamp(max=v - 1)
-                counts[i].index_add_(0, ids, torch.ones(len(ids), device=self.device))
-        return prompt_mask, counts
-
-    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
-        return self.sample(logits, reqs).resolve()
-
-    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> PendingSample:
-        """Queue the sampling of one token per row; reads each request's state now."""
-        raw = logits = logits.float()   # raw stays untouched, for logprobs
-        dev = self.device
-        greedy_rows, random_rows, want, min_rows = [], [], [], []
-        penalties = False
-        for i, r in enumerate(reqs):       # one pass over the batch: it is on the hot path
             p = r.params
-            (greedy_rows if p.greedy else random_rows).append(i)
-            penalties = penalties or p.has_penalties
+            if r.generator is not None and not p.greedy:
+                st.seeded.append((i, r.generator))
             if p.logprobs is not None:
-                want.append(i)
-            if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
-                min_rows.append(i)
-        if not (random_rows or penalties or min_rows or want):
-            return PendingSample(logits.argmax(dim=-1), None, [], [])
-        params = [r.params for r in reqs]
+                st.want.append(i)
+                st.n_top.append(p.logprobs)
+            if p.min_tokens and r.num_output_tokens + r.num_pending < p.min_tokens:
+                banned = list(p.stop_token_ids)
+                if not p.ignore_eos:
+                    banned += r.eos_token_ids
+                for t in banned:
+                    if t < self.vocab_size:
+                        ban_rows.append(i)
+                        ban_toks.append(t)
+        if ban_rows:
+            st.bans = staging.put("i64", [ban_rows, ban_toks], 2, len(ban_rows))
+        if st.want:
+            st.want_rows = staging.put("i64", st.want)
+        return st
 
-        def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=dev)
+    @torch.inference_mode()
+    def apply_updates(self, st: SamplerStep, staging: Staging) -> None:
+        """Write new slots' parameters and penalty state (queued on the device)."""
+        if st.param_updates is not None:
+            slots, vals = (staging.get(h) for h in st.param_updates)
+            self.params.index_copy_(0, slots, vals)
+        if st.reset_slots is not None:
+            slots = staging.get(st.reset_slots)
+            self.prompt_mask.index_fill_(0, slots, False)
+            self.out_counts.index_fill_(0, slots, 0)
+            upd = staging.get(st.mask_updates)
+            self.prompt_mask[upd[0], upd[1]] = True
+            if st.count_updates is not None:
+                upd = staging.get(st.count_updates)
+                self.out_counts.index_put_((upd[0], upd[1]),
+                                           torch.ones_like(upd[0], dtype=torch.int32),
+                                           accumulate=True)
 
-        if penalties:
-            prompt_mask, counts = self._penalty_inputs(reqs)
-            logits = apply_penalties(logits, prompt_mask, counts,
-                                     col([p.repetition_penalty for p in params]),
-                                     col([p.frequency_penalty for p in params]),
-                                     col([p.presence_penalty for p in params]))
-        if min_rows:
-            # min_tokens: EOS and stop tokens are not allowed yet.
-            if logits is raw:
-                logits = raw.clone()
-            for i in min_rows:
-                r = reqs[i]
-                banned = list(r.params.stop_token_ids or [])
-                if not r.params.ignore_eos:
-                    banned += list(r.eos_token_ids)
-                banned = [t for t in banned if t < self.vocab_size]
-                if banned:
-                    logits[i, banned] = float("-inf")
-
-        if not random_rows:
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, st: SamplerStep, staging: Staging,
+               last_tokens: torch.Tensor) -> PendingSample:
+        """Queue the sampling of one token per row; the tokens also land in
+        `last_tokens[:rows]` for the next step's pending decodes."""
+        self.apply_updates(st, staging)
+        n = st.num_rows
+        raw = logits = logits.float()
+        dev = self.device
+        if st.fast_greedy:
             tokens = logits.argmax(dim=-1)
         else:
-            tokens = torch.empty(len(reqs), dtype=torch.long, device=dev)
-            if greedy_rows:
-                g = torch.tensor(greedy_rows, device=dev)
-                tokens[g] = logits[g].argmax(dim=-1)
-            r_idx = torch.tensor(random_rows, device=dev)
-            rp = [params[i] for i in random_rows]
-            scaled = logits[r_idx] / col([p.temperature for p in rp]).unsqueeze(1)
-            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in rp):
-                scaled = apply_top_k_top_p_min_p(
-                    scaled, col([p.top_k for p in rp], torch.long),
-                    col([p.top_p for p in rp]), col([p.min_p for p in rp]))
-            probs = scaled.softmax(dim=-1)
-            noise = torch.stack([
-                torch.empty(self.vocab_size, device=dev).exponential_(generator=reqs[i].generator)
-                for i in random_rows])
-            tokens[r_idx] = (probs / noise).argmax(dim=-1)
+            slots = staging.get(st.slots)
+            p = self.params.index_select(0, slots)
+            if st.any_penalties:
+                logits = apply_penalties(logits, self.prompt_mask.index_select(0, slots),
+                                         self.out_counts.index_select(0, slots),
+                                         p[:, _REP], p[:, _FREQ], p[:, _PRES])
+            if st.bans is not None:
+                if logits is raw:
+                    logits = raw.clone()
+                bans = staging.get(st.bans)
+                logits[bans[0], bans[1]] = float("-inf")
+            tokens = logits.argmax(dim=-1)
+            if st.any_random:
+                tokens = torch.where(p[:, _GREEDY] > 0, tokens, self._random(logits, p, st))
+            if st.any_penalties:
+                self.out_counts.index_put_((slots, tokens),
+                                           torch.ones_like(tokens, dtype=torch.int32),
+                                           accumulate=True)
+        last_tokens[:n].copy_(tokens)
+        self._which ^= 1
+        host = self._tokens_host[self._which]
+        if dev.type == "cuda":
+            host[:n].copy_(tokens, non_blocking=True)
+        else:
+            host[:n] = tokens
+        parts = None
+        if st.want:
+            w = staging.get(st.want_rows)
+            lp = torch.log_softmax(raw.index_select(0, w), dim=-1)
+            k = max(max(st.n_top), 1)
+            top_vals, top_ids = lp.topk(min(k, self.vocab_size), dim=-1)
+            chosen = lp.gather(1, tokens.index_select(0, w).unsqueeze(1))
+            ranks = (lp > chosen).sum(dim=-1) + 1
+            parts = (_to_host(top_vals), _to_host(top_ids), _to_host(chosen.squeeze(1)),
+                     _to_host(ranks), st.n_top)
+        return PendingSample(host, n, parts, st.want, dev)
 
-        if not want:
-            return PendingSample(tokens, None, [], [])
-        w = torch.tensor(want, device=dev)
-        lp = torch.log_softmax(raw[w], dim=-1)
-        n_top = [params[i].logprobs for i in want]
-        top_vals, top_ids = lp.topk(max(max(n_top), 1), dim=-1)
-        chosen = lp.gather(1, tokens[w].unsqueeze(1)).squeeze(1)
-        return PendingSample(tokens, (top_vals, top_ids, chosen), want, n_top)
+    def _random(self, logits: torch.Tensor, p: torch.Tensor, st: SamplerStep) -> torch.Tensor:
+        scaled = logits / p[:, _TEMP].unsqueeze(1)
+        if st.filter_path == "topk":
+            k = torch.where(p[:, _TOP_K] > 0, p[:, _TOP_K], float(st.k_max)).long()
+            cand, idx = top_k_candidates(scaled, k, p[:, _TOP_P], p[:, _MIN_P], st.k_max)
+            probs = cand.softmax(dim=-1)
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+            for i, gen in st.seeded:   # a seeded row's draw covers the whole vocabulary
+                full = torch.empty(self.vocab_size, device=self.device).exponential_(generator=gen)
+                noise[i] = full.index_select(0, idx[i])
+            return idx.gather(1, (probs / noise).argmax(dim=-1, keepdim=True)).squeeze(1)
+        if st.filter_path == "sort":
+            scaled = apply_top_k_top_p_min_p(scaled, p[:, _TOP_K].long(), p[:, _TOP_P],
+                                             p[:, _MIN_P])
+        probs = scaled.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, gen in st.seeded:
+            noise[i].exponential_(generator=gen)
+        return (probs / noise).argmax(dim=-1)

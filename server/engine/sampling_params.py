@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagefleet.server.engine.protocol import CoreSamplingParams
 
 
 class SamplingParamsError(ValueError):
@@ -32,6 +36,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # top-N logprobs per generated token
     skip_special_tokens: bool = True
+    # What each output carries: "cumulative" (everything so far), "delta" (what is new
+    # since the last output; the server streams these) or "final" (one output, at the
+    # end; the offline LLM).
+    output_kind: str = "cumulative"
     stop_strings: tuple[str, ...] = field(init=False, default=())
     # Derived once, read every step by the sampler.
     greedy: bool = field(init=False, default=False)
@@ -76,3 +84,17 @@ class SamplingParams:
         need(self.stop_token_ids is None or all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids", "must be non-negative integers")
         need(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
+        need(self.output_kind in ("cumulative", "delta", "final"), "output_kind",
+             "must be cumulative, delta or final")
+
+    def core_params(self, max_tokens: int) -> "CoreSamplingParams":
+        """The fields the engine core acts on, with max_tokens resolved."""
+        from pagefleet.server.engine.protocol import CoreSamplingParams
+
+        return CoreSamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k if self.top_k > 0 else -1, min_p=self.min_p, seed=self.seed,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs)

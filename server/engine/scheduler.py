@@ -7,38 +7,41 @@ running request needs a block and none is free, the request the policy ranks las
 preempted: its blocks are freed and it goes back to the waiting queue to be
 recomputed later (prefix caching usually gives most of its blocks back).
 
-The scheduler only decides and keeps the books; it runs no model.
+With async scheduling the next step is scheduled while the previous one is still on
+the device: a request the previous step samples counts its pending token
+(`Request.num_pending`), so its next decode is planned now and its input id is read
+on the device. A request whose pending token is surely its last (max_tokens, the
+context limit) is not scheduled again.
+
+The scheduler only decides and keeps the books; it runs no model. Every operation is
+O(1) or O(log n) in the queue length; a step costs O(running requests).
 """
 
 from __future__ import annotations
 
-import bisect
-import time
 from dataclasses import dataclass, field
 
 from pagefleet.server.engine.kv_cache import KVCacheManager
 from pagefleet.server.engine.request import Request, Status
+from pagefleet.server.engine.request_queue import WaitQueue
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
-    # The input is the token the previous step is still sampling (async scheduling):
-    # the runner reads it from the device, and the step always samples.
+    # Whether this step completes the request's known + pending tokens, so it yields
+    # a token; and whether its input is the token the previous step is still sampling.
+    samples: bool = False
     pending: bool = False
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step completes the request's known tokens, so it yields a token."""
-        r = self.request
-        return self.pending or r.num_computed_tokens + self.num_new_tokens == r.num_tokens
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    first_scheduled: list[Request] = field(default_factory=list)
+    num_decodes: int = 0          # the first `num_decodes` rows are one-token decodes
 
     @property
     def num_batched_tokens(self) -> int:
@@ -52,15 +55,16 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, policy: str = "fcfs",
-                 max_model_len: int = 1 << 62) -> None:
+                 max_model_len: int = 1 << 62, long_prefill_token_threshold: int = 0) -> None:
         self.kv = kv
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.policy = policy
-        self.waiting: list[Request] = []          # sorted by policy
-        self.running: list[Request] = []          # in admission order
+        self.waiting = WaitQueue(policy)
+        self.running: dict[str, Request] = {}     # in admission order
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
 
@@ -70,15 +74,15 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
-        bisect.insort(self.waiting, req, key=self._key)
+        self.waiting.add(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+    def finish(self, req: Request, reason: str, stop_reason: int | None = None) -> None:
         """Take a request out of the queues and return its blocks."""
         if req.status is Status.RUNNING:
-            self.running.remove(req)
+            del self.running[req.request_id]
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
         req.status = Status.FINISHED
@@ -88,31 +92,46 @@ class Scheduler:
 
     # -- decisions -------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        del self.running[req.request_id]
         self.kv.free_request(req.request_id)
-        req.status = Status.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        bisect.insort(self.waiting, req, key=self._key)
+        self.waiting.add(req)   # keeps its key: ahead of later arrivals
+
+    def _chunk(self, num_new: int, budget: int) -> int:
+        cap = self.long_prefill_token_threshold
+        if cap and num_new > cap:
+            num_new = cap
+        return min(num_new, budget)
+
+    def _leader_prefilling(self, req: Request) -> bool:
+        """An `n > 1` follower waits while its leader's prompt is not in the cache."""
+        leader = self.requests.get(req.prefix_leader) if req.prefix_leader else None
+        return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         chosen: dict[str, ScheduledRequest] = {}
+        max_len = self.max_model_len
 
         # Running requests: decodes first, then prefill chunks, each in admission order.
         decodes, chunks = [], []
-        for req in self.running:
-            (decodes if req.num_tokens - req.num_computed_tokens <= 1 else chunks).append(req)
+        for req in self.running.values():
+            left = req.num_tokens - req.num_computed_tokens
+            if left <= 0 or (req.num_pending and req.will_finish_on_length(max_len)):
+                continue   # its last token is in flight
+            (decodes if left == 1 else chunks).append(req)
         for req in decodes + chunks:
             if req.status is not Status.RUNNING:
                 continue   # preempted earlier in this step
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            left = req.num_tokens - req.num_computed_tokens
+            num_new = left if left == 1 else self._chunk(left, budget)
+            if num_new <= 0 or num_new > budget:
                 continue
             while not self.kv.allocate_slots(req, num_new):
-                victim = max(self.running, key=self._key)
+                victim = max(self.running.values(), key=self._key)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 undone = chosen.pop(victim.request_id, None)
@@ -121,70 +140,60 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                chosen[req.request_id] = ScheduledRequest(req, num_new)
+                pending = req.num_pending > 0 and req.num_computed_tokens == len(req.all_token_ids)
+                chosen[req.request_id] = ScheduledRequest(
+                    req, num_new, samples=num_new == left, pending=pending)
                 budget -= num_new
 
-        # Waiting requests, unless this step had to preempt (the pool is short).
+        # Waiting requests, unless this step had to preempt (the pool is short). The
+        # head blocks the queue when it does not fit (no overtaking).
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+            req = self.waiting.peek()
+            if req.num_pending or self._leader_prefilling(req):
+                break   # its tokens are not all known yet: next step
             hits, num_hit_tokens = ([], 0)
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
-            num_new = req.num_tokens - num_hit_tokens
-            if num_new > budget and not self.enable_chunked_prefill:
+            left = req.num_tokens - num_hit_tokens
+            if left > budget and not self.enable_chunked_prefill:
                 break
-            num_new = min(num_new, budget)
+            num_new = self._chunk(left, budget)
             if not self.kv.allocate_slots(req, num_new, hits):
                 break
             self.kv.record_lookup(req.num_tokens, num_hit_tokens)
-            self.waiting.pop(0)
+            self.waiting.pop()
             req.num_computed_tokens = num_hit_tokens
             if req.num_preemptions == 0:
                 req.num_cached_tokens = num_hit_tokens
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = time.time()
+            if not req.ever_scheduled:
+                req.ever_scheduled = True
+                out.first_scheduled.append(req)
             req.status = Status.RUNNING
-            self.running.append(req)
-            chosen[req.request_id] = ScheduledRequest(req, num_new)
+            self.running[req.request_id] = req
+            chosen[req.request_id] = ScheduledRequest(req, num_new, samples=num_new == left)
             budget -= num_new
 
-        out.scheduled = list(chosen.values())
+        # Decode rows first: the runner runs them through the decode kernel.
+        rows = list(chosen.values())
+        dec = [s for s in rows if s.num_new_tokens == 1 and s.samples]
+        if len(dec) != len(rows):
+            rest = [s for s in rows if not (s.num_new_tokens == 1 and s.samples)]
+            rows = dec + rest
+        out.scheduled = rows
+        out.num_decodes = len(dec)
         return out
 
-    def schedule_continuation(self, prev: SchedulerOutput) -> SchedulerOutput | None:
-        """Async scheduling: the next step for a pure-decode step still in flight.
+    def advance(self, out: SchedulerOutput, pending: bool) -> None:
+        """Count a step's input tokens as computed and publish the blocks they fill.
 
-        Each request of `prev` decodes once more from the token `prev` is sampling,
-        before the host knows it. Only when that is surely what `schedule()` would do
-        after `prev`: nobody waiting could be admitted, and every request has room in
-        the pool without preempting. Requests that `prev` surely finishes (max_tokens,
-        max_model_len) are left out; those that stop on a token or string are found
-        out while this step runs, and its token for them is dropped.
-        `prev` must be a pure-decode step (every request one token, every one sampling).
-        Returns None when the engine should finish `prev` first and schedule afresh.
-        """
-        if self.waiting and len(self.running) < self.max_num_seqs:
-            return None
-        out = SchedulerOutput()
-        for s in prev.scheduled:
-            r = s.request
-            if r.status is not Status.RUNNING:
-                continue
-            n_out = len(r.output_token_ids) + 1          # with the token in flight
-            if n_out >= r.max_tokens or r.num_tokens + 1 >= self.max_model_len:
-                if self.waiting:
-                    return None   # a seat frees up: admit from the queue instead
-                continue
-            if not self.kv.allocate_slots(r, 1):
-                return None
-            out.scheduled.append(ScheduledRequest(r, 1, pending=True))
-        return out if out.scheduled else None
-
-    def advance(self, out: SchedulerOutput) -> None:
-        """Once a step's input tokens are all known: count them as computed and publish
-        the blocks they fill (the device runs them before anything that reads them)."""
+        Rows whose input is known run at launch (`pending=False`); rows whose input is
+        the previous step's token wait until that token is read back (`pending=True`),
+        because a block's hash needs its token ids. The device runs the step before
+        anything that reads those blocks, so publishing at launch is safe."""
         for s in out.scheduled:
+            if s.pending != pending:
+                continue
             r = s.request
             if r.status is Status.RUNNING:
                 r.num_computed_tokens += s.num_new_tokens

@@ -19,14 +19,22 @@ from pagefleet.server.ops import activation, attention, layernorm, rotary
 
 @dataclass
 class AttentionMetadata:
-    """Where each token of a packed batch reads and writes the KV cache."""
+    """Where each token of a packed batch reads and writes the KV cache.
+
+    Rows are sequences; the first `num_decodes` rows are one-token decodes (run
+    through the decode kernel), the rest are prefill chunks (the varlen prefill
+    kernel), so a mixed step never sends decode rows through the prefill kernel.
+    `num_decodes` and `max_query_len` are host ints: no kernel choice reads a device
+    value.
+    """
 
     positions: torch.Tensor        # [T] absolute positions of the new tokens
-    slot_mapping: torch.Tensor     # [T] flat cache slot for each new token's K/V
-    cu_seqlens_q: torch.Tensor     # [B+1] offsets of each sequence's new tokens
-    context_lens: torch.Tensor     # [B] cached + new tokens per sequence
+    slot_mapping: torch.Tensor     # [T] flat cache slot for each new token's K/V (-1: skip)
+    cu_seqlens_q: torch.Tensor     # [P+1] offsets of the prefill rows' tokens, from token D
+    context_lens: torch.Tensor     # [B] cached + new tokens per sequence (decodes first)
     block_tables: torch.Tensor     # [B, max_blocks] int32
-    max_query_len: int             # 1 means a pure decode batch
+    max_query_len: int             # longest prefill chunk (1 if there is none)
+    num_decodes: int = 0           # D: decode rows, one token each, first in the batch
     k_scale: float = 1.0
     v_scale: float = 1.0
 
@@ -91,13 +99,22 @@ class Attention(nn.Module):
         q, k = self.ops.rotary_embedding(meta.positions, q, k, cos_sin)
         self.ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping,
                                meta.k_scale, meta.v_scale)
-        if meta.max_query_len == 1:
+        d = meta.num_decodes
+        if d == n:
             o = self.ops.decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
                                           meta.context_lens, self.scale, meta.k_scale, meta.v_scale)
-        else:
+        elif d == 0:
             o = self.ops.prefill_attention(q, self.k_cache, self.v_cache, meta.cu_seqlens_q,
                                            meta.context_lens, meta.block_tables, self.scale,
                                            meta.k_scale, meta.v_scale)
+        else:
+            o = torch.empty_like(q)
+            self.ops.decode_attention(q[:d], self.k_cache, self.v_cache, meta.block_tables[:d],
+                                      meta.context_lens[:d], self.scale, meta.k_scale,
+                                      meta.v_scale, out=o[:d])
+            self.ops.prefill_attention(q[d:], self.k_cache, self.v_cache, meta.cu_seqlens_q,
+                                       meta.context_lens[d:], meta.block_tables[d:], self.scale,
+                                       meta.k_scale, meta.v_scale, out=o[d:])
         return self.o_proj(o.reshape(n, self.q_size))
 
 

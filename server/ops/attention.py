@@ -48,16 +48,18 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, ctx_len: int
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
                             block_tables: torch.Tensor, scale: float,
-                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                            k_scale: float = 1.0, v_scale: float = 1.0,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention for a packed batch of new tokens over their cached context.
 
     q: `[total_new_tokens, num_heads, head_dim]`, sequence b owning rows
     `cu_seqlens_q[b]:cu_seqlens_q[b+1]`. `context_lens[b]` counts all of b's tokens in
     the cache, the new ones included; the new tokens are the last of them, so query i
     of b sits at position `context_lens[b] - q_len + i` and sees positions up to it.
-    Works for decode too (q_len 1). Softmax in float32.
+    Works for decode too (q_len 1). Softmax in float32. `out`, if given, receives the
+    result (a mixed step writes its prefill rows into a slice of one output).
     """
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     cu = cu_seqlens_q.tolist()
@@ -84,7 +86,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
+                           v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """One new token per sequence: q `[batch, num_heads, head_dim]` over its context.
 
     Batched over sequences by padding every context to the longest and masking, which
@@ -106,5 +108,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     mask = pos.unsqueeze(0) >= context_lens.unsqueeze(1)  # [batch, keys]
     scores.masked_fill_(mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    o = torch.einsum("bhgk,bkhd->bhgd", probs, v)
-    return o.reshape(batch, num_heads, head_dim).to(q.dtype)
+    o = torch.einsum("bhgk,bkhd->bhgd", probs, v).reshape(batch, num_heads, head_dim)
+    if out is None:
+        return o.to(q.dtype)
+    out.copy_(o)
+    return out

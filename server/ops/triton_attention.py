@@ -213,14 +213,14 @@ def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.devic
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
+                           v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """One new token per sequence: q `[batch, num_heads, head_dim]` over its context.
     One program serves all query heads of a KV head; long contexts are split along the
-    sequence and merged by a second pass."""
+    sequence and merged by a second pass. `out` (optional) receives the result."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if batch == 0:
         return out
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -320,13 +320,15 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
                             block_tables: torch.Tensor, scale: float,
-                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                            k_scale: float = 1.0, v_scale: float = 1.0,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a packed batch of new tokens over their cached context (the
-    new tokens are the last `q_len` of each sequence's `context_lens`)."""
+    new tokens are the last `q_len` of each sequence's `context_lens`). `out`
+    (optional) receives the result."""
     total, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = context_lens.shape[0]
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if total == 0 or num_seqs == 0:
         return out
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()

@@ -67,7 +67,7 @@ class ThreadServer:
 
         from pagefleet.server.api.app import build_app
         from pagefleet.server.config import EngineConfig, ServerConfig
-        from pagefleet.server.engine.engine import LLMEngine
+        from pagefleet.server.engine.core_process import ServedEngine
 
         eng_names = {f.name for f in dataclasses.fields(EngineConfig)}
         eng_kw = {"max_model_len": 512, "kv_cache_memory": 32 << 20}
@@ -76,8 +76,8 @@ class ThreadServer:
         self.port = free_port()
         self.engine_cfg = EngineConfig(model=str(model_dir), **eng_kw)
         self.server_cfg = ServerConfig(host="127.0.0.1", port=self.port, **srv_kw)
-        self.engine = LLMEngine(self.engine_cfg, model_dir)
-        self.app = build_app(self.engine, self.engine_cfg, self.server_cfg,
+        self.served = ServedEngine(self.engine_cfg, model_dir)   # the core in its own process
+        self.app = build_app(self.served, self.server_cfg,
                              served_model_name=served_model_name, api_key=api_key)
         self.model = served_model_name
         self.url = f"http://127.0.0.1:{self.port}"
@@ -99,6 +99,18 @@ class ThreadServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(60)
+        self.served.core.kill()
+
+    def core_call(self, method: str) -> dict:
+        """A utility call into the core process (`counters`, `check_whole`, `stats`)."""
+        import asyncio
+
+        eng = self.async_engine
+        return asyncio.run_coroutine_threadsafe(eng.call_utility(method), eng._loop).result(60)
+
+    def kv_whole(self) -> bool:
+        c = self.core_call("counters")
+        return c["free_blocks"] == c["total_blocks"] and not c["running"] and not c["waiting"]
 
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=30).text

@@ -346,7 +346,7 @@ def test_metrics_names_and_buckets(srv):
     assert metric(text, "vllm:request_success_total", finished_reason="length") >= 1
     assert metric(text, "vllm:generation_tokens_total") >= 4
     assert metric(text, "vllm:cache_config_info", block_size="16",
-                  num_gpu_blocks=str(srv.engine.kv.num_blocks)) == 1
+                  num_gpu_blocks=str(srv.served.ready.num_blocks)) == 1
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="2560.0",model_name="tiny"}' in text
     assert 'vllm:inter_token_latency_seconds_bucket{engine="0",le="80.0",model_name="tiny"}' in text
     assert 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="7680.0",model_name="tiny"}' in text

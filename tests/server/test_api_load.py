@@ -69,8 +69,7 @@ def test_200_concurrent_requests_end_in_200_or_429(model_dir):
         text = srv.metrics()
         assert metric(text, "vllm:request_success_total", finished_reason="length") == len(ok)
         assert metric(text, "vllm:generation_tokens_total") == 64 * len(ok)
-        srv.engine_kv_whole = srv.engine.kv.num_free_blocks == srv.engine.kv.num_blocks
-        assert srv.engine_kv_whole
+        assert srv.kv_whole()
     finally:
         srv.stop()
 
@@ -103,7 +102,7 @@ def test_disconnect_mid_stream_frees_blocks(slow_srv):
     wait_for(lambda: gauges_zero(srv), 60, what="blocks freed after disconnect")
     assert metric(srv.metrics(), "vllm:request_success_total",
                   finished_reason="abort") == aborted_before + 1
-    assert srv.engine.kv.num_free_blocks == srv.engine.kv.num_blocks
+    assert srv.kv_whole()
 
 
 def test_disconnect_while_queued_non_stream(slow_srv):
@@ -150,30 +149,62 @@ def test_queue_timeout_503(slow_srv):
     assert srv.async_engine.num_queued == 0
 
 
-def test_engine_death_fails_requests_and_health(model_dir):
-    """Fault injection: the engine's step raises mid-request; nothing hangs."""
-    srv = ThreadServer(model_dir, max_num_seqs=2).start()
+def test_engine_fault_fails_requests_and_health(model_dir, monkeypatch):
+    """Fault injection: an error in the core that no request can be blamed for stops the
+    engine; open requests get an error, /health turns 503, nothing hangs."""
+    monkeypatch.setenv("PAGEFLEET_FAULTS", "fatal:boom")   # read by the core process
+    srv = ThreadServer(model_dir, max_num_seqs=2, max_model_len=2048).start()
     try:
-        engine = srv.engine
-        real_step = engine.step
-        calls = {"n": 0}
-
-        def failing_step():
-            calls["n"] += 1
-            if calls["n"] > 3:
-                raise RuntimeError("simulated device failure")
-            return real_step()
-
         with httpx.Client(timeout=60) as c:
             assert c.get(srv.url + "/health").status_code == 200
-            engine.step = failing_step
-            r = c.post(srv.url + "/v1/completions", json={**LONG, "max_tokens": 100})
-            assert "simulated device failure" in r.text and '"error"' in r.text
-            assert r.text.rstrip().endswith("data: [DONE]")
+            with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                read_events(lines, 2)
+                bad = c.post(srv.url + "/v1/completions", headers={"X-Request-Id": "x-boom"},
+                             json={"prompt": "x", "max_tokens": 2})
+                assert bad.status_code == 500 and "engine core process died" in bad.text
+                rest = "\n".join(lines)
+            assert '"error"' in rest and "injected engine fault" in rest
+            assert rest.rstrip().endswith("data: [DONE]")
             wait_for(lambda: c.get(srv.url + "/health").status_code == 503, 30, what="503")
             after = c.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
             assert after.status_code == 500 and after.json()["error"]["type"] == "InternalServerError"
-            assert metric(srv.metrics(), "vllm:request_success_total", finished_reason="error") == 1
+            assert metric(srv.metrics(), "vllm:request_success_total", finished_reason="error") == 2
+    finally:
+        srv.stop()
+
+
+def test_killing_the_core_process_mid_stream(model_dir):
+    """Issue 9: every open request ends with a 5xx error body, /health 503 at once."""
+    import os
+    import signal
+    import time
+
+    srv = ThreadServer(model_dir, max_num_seqs=4, max_model_len=2048).start()
+    try:
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as c:
+                async def streamed():
+                    async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
+                        return r.status_code, (await r.aread()).decode()
+                streams = [asyncio.create_task(streamed()) for _ in range(3)]
+                plain = asyncio.create_task(c.post(srv.url + "/v1/completions",
+                                                   json={**LONG, "stream": False}))
+                await asyncio.to_thread(wait_for, lambda: metric(
+                    srv.metrics(), "vllm:num_requests_running") == 4, 60)
+                os.kill(srv.served.core.proc.pid, signal.SIGKILL)
+                t0 = time.monotonic()
+                while (await c.get(srv.url + "/health")).status_code != 503:
+                    await asyncio.sleep(0.02)
+                seen_503 = time.monotonic() - t0
+                return seen_503, await asyncio.gather(*streams), await plain
+        seen_503, streamed, plain = asyncio.run(scenario())
+        print(f"/health 503 {seen_503:.3f}s after the kill")
+        for status, body in streamed:
+            assert status == 200 and '"error"' in body and '"code":500' in body
+            assert "engine core process died" in body and body.rstrip().endswith("[DONE]")
+        assert plain.status_code == 500 and "engine core process died" in plain.text
     finally:
         srv.stop()
 

@@ -69,7 +69,7 @@ def test_abort_while_a_step_is_in_flight(tiny_models):
     eng = llm.engine
     for i, p in enumerate(random_prompts(4, [10, 20, 30], 512)):
         eng.add_request(f"f{i}", p, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
-    while eng._inflight is None:
+    while eng.core._inflight is None:
         eng.step()
     eng.abort_request("f1")
     done = {}

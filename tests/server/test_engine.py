@@ -28,8 +28,8 @@ def test_abort_mid_generation_returns_every_block(llm):
         eng.add_request(f"ab{i}", p, greedy(60, ignore_eos=True))
     for _ in range(6):
         eng.step()
-    running = [r.request_id for r in eng.scheduler.running]
-    waiting = [r.request_id for r in eng.scheduler.waiting]
+    running = list(eng.scheduler.running)
+    waiting = sorted(r.request_id for r in eng.scheduler.waiting)
     assert running and waiting
     out = eng.abort_request(running[0])
     assert out.finished and out.outputs[0].finish_reason == "abort"
@@ -119,18 +119,20 @@ def test_eos_from_generation_config_stops(tiny_models, llm):
     tok = eng.tokenizer
     assert tok.convert_tokens_to_ids("<|im_end|>") in eng.eos_token_ids
     assert tok.convert_tokens_to_ids("<|endoftext|>") in eng.eos_token_ids
+    assert eng.core.eos_token_ids == eng.eos_token_ids
     prompt = random_prompts(5, [30], 512)[0]
     ids = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0].token_ids
     # Make the 4th greedy token an EOS for this request: generation stops on it.
-    eng.eos_token_ids = eng.eos_token_ids + (ids[3],)
+    core = eng.core
+    core.eos_token_ids = core.eos_token_ids + (ids[3],)
     try:
         out = llm.generate([prompt], greedy(40))[0].outputs[0]
         assert out.finish_reason == "stop" and out.stop_reason is None
-        assert out.token_ids[-1] in eng.eos_token_ids and len(out.token_ids) <= 4
+        assert out.token_ids[-1] in core.eos_token_ids and len(out.token_ids) <= 4
         ignored = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0]
         assert ignored.token_ids == ids
     finally:
-        eng.eos_token_ids = eng.eos_token_ids[:-1]
+        core.eos_token_ids = core.eos_token_ids[:-1]
 
 
 def test_seeded_sampling_reproducible_whatever_the_batch(llm):

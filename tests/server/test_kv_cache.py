@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagefleet.server.engine.kv_cache import KVCacheManager, hash_block
 from pagefleet.server.engine.request import Request
-from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.engine.protocol import CoreSamplingParams as SamplingParams
 
 
 def req(rid: str, ids: list[int]) -> Request:

@@ -7,9 +7,12 @@ import math
 import pytest
 import torch
 
+from pagefleet.server.engine.protocol import CoreSamplingParams
 from pagefleet.server.engine.request import Request
-from pagefleet.server.engine.sampler import Sampler, apply_penalties, apply_top_k_top_p_min_p
+from pagefleet.server.engine.sampler import (Sampler, apply_penalties, apply_top_k_top_p_min_p,
+                                             top_k_candidates)
 from pagefleet.server.engine.sampling_params import SamplingParams, SamplingParamsError
+from pagefleet.server.engine.staging import Staging
 
 
 def direct_filter(row: list[float], k: int, p: float, min_p: float) -> set[int]:
@@ -65,62 +68,118 @@ def test_penalties_match_direct_computation():
     assert torch.allclose(got, expected)
 
 
-def _req(rid: str, params: SamplingParams, seed: int, prompt=(1, 2, 3)) -> Request:
-    return Request(rid, list(prompt), params, generator=torch.Generator().manual_seed(seed))
+class Harness:
+    """Drives the sampler as the engine core does: slots, staging, sample, resolve."""
+
+    def __init__(self, vocab: int, rows: int = 8) -> None:
+        self.sampler = Sampler(vocab, torch.device("cpu"), rows, seed=0)
+        self.last = torch.zeros(rows, dtype=torch.long)
+        self.free = list(range(rows - 1, -1, -1))
+
+    def req(self, rid: str, params: CoreSamplingParams, seed: int | None = None,
+            prompt=(1, 2, 3), eos=()) -> Request:
+        r = Request(rid, list(prompt), params, eos_token_ids=eos)
+        if seed is not None:
+            r.generator = torch.Generator().manual_seed(seed)
+        return r
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]):
+        new = [r for r in reqs if r.slot < 0]
+        for r in new:
+            r.slot = self.free.pop()
+            self.sampler.slot_taken(r)
+        st = Staging(torch.device("cpu"))
+        st.begin()
+        step = self.sampler.stage(st, reqs, new)
+        st.commit()
+        return self.sampler.sample(logits, step, st, self.last).resolve()
+
+    def release(self, r: Request) -> None:
+        self.sampler.slot_released(r)
+        self.free.append(r.slot)
+        r.slot = -1
+
+
+def P(**kw) -> CoreSamplingParams:
+    return CoreSamplingParams(max_tokens=16, **kw)
 
 
 def test_seeded_sampling_is_independent_of_batch():
-    sampler = Sampler(50, torch.device("cpu"))
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
-    p = SamplingParams(temperature=0.9, top_p=0.95)
-    alone = [sampler(logits[2:3], [_req("x", p, seed=42)]).token_ids[0] for _ in range(1)]
-    x = _req("x", p, seed=42)
-    seq_alone = [sampler(logits[2:3], [x]).token_ids[0] for _ in range(20)]
-    x2 = _req("x", p, seed=42)
-    others = [_req(f"o{i}", SamplingParams(temperature=1.3, top_k=5), seed=i) for i in range(5)]
+    p = P(temperature=0.9, top_p=0.95)
+    h1 = Harness(50)
+    x = h1.req("x", p, seed=42)
+    seq_alone = [h1(logits[2:3], [x]).token_ids[0] for _ in range(20)]
+    h2 = Harness(50)
+    x2 = h2.req("x", p, seed=42)
+    others = [h2.req(f"o{i}", P(temperature=1.3, top_k=5), seed=i) for i in range(3)] + \
+        [h2.req(f"u{i}", P(temperature=0.7, top_k=20, repetition_penalty=1.1)) for i in range(2)]
     seq_batched = []
     for _ in range(20):
         batch = others[:2] + [x2] + others[2:]
-        seq_batched.append(sampler(logits, batch).token_ids[2])
-    assert seq_alone == seq_batched and seq_alone[0] == alone[0]
+        seq_batched.append(h2(logits, batch).token_ids[2])
+    assert seq_alone == seq_batched
     assert len(set(seq_alone)) > 1   # it really samples
 
 
-def test_sampling_follows_the_distribution():
-    sampler = Sampler(4, torch.device("cpu"))
+@pytest.mark.parametrize("params", [P(temperature=1.0), P(temperature=1.0, top_k=3),
+                                    P(temperature=1.0, top_p=0.7)])
+def test_sampling_follows_the_distribution(params):
+    h = Harness(4)
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
-    r = _req("x", SamplingParams(temperature=1.0), seed=3)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    if params.top_k > 0:                  # top-3: the 0.1 token is out
+        probs = torch.tensor([0.0, 0.2, 0.3, 0.4]) / 0.9
+    if params.top_p < 1:                  # 0.4 + 0.3 reaches 0.7
+        probs = torch.tensor([0.0, 0.0, 0.3, 0.4]) / 0.7
+    r = h.req("x", params, seed=3)
     counts = [0] * 4
-    for _ in range(4000):
-        counts[sampler(logits, [r]).token_ids[0]] += 1
-    for c, p in zip(counts, [0.1, 0.2, 0.3, 0.4]):
-        assert abs(c / 4000 - p) < 0.03
+    for _ in range(3000):
+        counts[h(logits, [r]).token_ids[0]] += 1
+    for c, p in zip(counts, probs.tolist()):
+        assert abs(c / 3000 - p) < 0.03
 
 
 def test_greedy_and_logprobs():
-    sampler = Sampler(10, torch.device("cpu"))
+    h = Harness(10)
     logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(1))
-    reqs = [_req("a", SamplingParams(temperature=0, logprobs=3), 0),
-            _req("b", SamplingParams(temperature=0), 0)]
-    res = sampler(logits, reqs)
+    reqs = [h.req("a", P(temperature=0, logprobs=3)), h.req("b", P(temperature=0))]
+    res = h(logits, reqs)
     assert res.token_ids == logits.argmax(-1).tolist()
     lp = torch.log_softmax(logits[0], -1)
     top = lp.topk(3)
-    assert set(res.logprobs[0]) == set(top.indices.tolist())
-    for t, v in res.logprobs[0].items():
+    got = res.logprobs[0]
+    assert got.token_ids[0][0] == res.token_ids[0] and got.ranks == [1]
+    assert set(got.token_ids[0][1:]) == set(top.indices.tolist())
+    for t, v in zip(got.token_ids[0], got.logprobs[0]):
         assert v == pytest.approx(lp[t].item(), abs=1e-6)
     assert res.logprobs[1] is None
 
 
+def test_penalties_follow_the_outputs_on_the_device():
+    """Output-token counts live on the device and grow with each sampled token; a
+    slot taken over by another request starts clean."""
+    h = Harness(6)
+    logits = torch.tensor([[5.0, 4.9, 0.0, 0.0, 0.0, 0.0]])
+    r = h.req("a", P(temperature=0, frequency_penalty=2.0), prompt=(3,))
+    assert h(logits, [r]).token_ids == [0]
+    r.all_token_ids.append(0)
+    assert h(logits, [r]).token_ids == [1]       # token 0 now penalised by 2.0
+    h.release(r)
+    r2 = h.req("b", P(temperature=0, frequency_penalty=2.0), prompt=(3,))
+    assert h(logits, [r2]).token_ids == [0]      # the slot's counts were reset
+    rep = h.req("c", P(temperature=0, repetition_penalty=2.0), prompt=(0,))
+    assert h(logits, [rep]).token_ids == [1]     # 5.0 / 2 < 4.9: the prompt token loses
+
+
 def test_min_tokens_masks_eos_and_stop_tokens():
-    sampler = Sampler(5, torch.device("cpu"))
+    h = Harness(5)
     logits = torch.tensor([[0.0, 0.0, 10.0, 9.0, 0.0]])
-    r = Request("a", [1], SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[3]),
-                eos_token_ids=(2,))
-    assert sampler(logits, [r]).token_ids[0] not in (2, 3)
+    r = h.req("a", P(temperature=0, min_tokens=2, stop_token_ids=(3,)), prompt=(1,), eos=(2,))
+    assert h(logits, [r]).token_ids[0] not in (2, 3)
     assert logits[0, 2] == 10.0   # the caller's logits are not modified
-    r.output_token_ids = [4, 4]
-    assert sampler(logits, [r]).token_ids == [2]
+    r.all_token_ids += [4, 4]
+    assert h(logits, [r]).token_ids == [2]
 
 
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
@@ -131,3 +190,16 @@ def test_bad_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as e:
         SamplingParams(**{field: value})
     assert e.value.param == field
+
+
+@pytest.mark.parametrize("k,p,min_p", [(5, 1.0, 0.0), (10, 0.8, 0.0), (8, 0.9, 0.1), (1, 1.0, 0.0)])
+def test_top_k_path_keeps_the_same_tokens_as_the_sort_path(k, p, min_p):
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn(4, 40, generator=g) * 3
+    ks = torch.tensor([k, k, max(k // 2, 1), k])
+    ps, ms = torch.tensor([p] * 4), torch.tensor([min_p] * 4)
+    full = apply_top_k_top_p_min_p(logits, ks, ps, ms)
+    cand, idx = top_k_candidates(logits, ks, ps, ms, k_max=k)
+    for b in range(4):
+        kept = {int(t) for t, v in zip(idx[b], cand[b]) if v != float("-inf")}
+        assert kept == {i for i in range(40) if full[b, i] != float("-inf")}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 from pagefleet.server.engine.kv_cache import KVCacheManager
-from pagefleet.server.engine.request import Request
-from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.engine.protocol import CoreSamplingParams
+from pagefleet.server.engine.request import Request, Status
+from pagefleet.server.engine.request_queue import WaitQueue
 from pagefleet.server.engine.scheduler import Scheduler
 
 
@@ -18,18 +19,19 @@ def make(num_blocks=64, block_size=4, seqs=4, tokens=16, chunked=True, policy="f
 
 
 def req(rid: str, n: int, priority: int = 0, t: float = 0.0, max_tokens: int = 8) -> Request:
-    return Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens),
+    return Request(rid, list(range(1, n + 1)), CoreSamplingParams(max_tokens=max_tokens),
                    priority=priority, arrival_time=t)
 
 
 def fake_step(s: Scheduler, finish_after: int | None = None):
-    """Run one step as the engine would: schedule, advance, append a token to samplers."""
+    """Run one synchronous step as the engine would: schedule, advance, append a token
+    to the rows that sample."""
     out = s.schedule()
     samplers = [x.request for x in out.scheduled if x.samples]
-    s.advance(out)
+    s.advance(out, pending=False)
     for r in samplers:
-        r.append_token(7)
-        if len(r.output_token_ids) >= (finish_after or r.params.max_tokens):
+        r.all_token_ids.append(7)
+        if r.num_output_tokens >= (finish_after or r.params.max_tokens):
             s.finish(r, "length")
     out.sampled = [r.request_id for r in samplers]
     return out
@@ -101,7 +103,8 @@ def test_preemption_picks_the_policy_last_and_requeues_it_first():
     out = fake_step(s)    # 9th token needs a 3rd block: "new" is preempted
     assert [r.request_id for r in out.preempted] == ["new"]
     assert s.num_preemptions == 1
-    assert s.waiting[0].request_id == "new" and s.waiting[0].num_computed_tokens == 0
+    head = s.waiting.peek()
+    assert head.request_id == "new" and head.num_computed_tokens == 0
     while s.has_unfinished():
         fake_step(s)
     s.kv.check_whole()
@@ -126,3 +129,61 @@ def test_waiting_requests_wait_while_preempting():
     s.add(req("c", 1, t=2))
     out = fake_step(s)
     assert out.preempted and "c" not in [x.request.request_id for x in out.scheduled]
+
+
+def test_pipelined_steps_plan_from_pending_tokens():
+    """Async scheduling: a request the in-flight step samples is scheduled again as a
+    pending decode; one whose pending token is its last is not."""
+    s = make(tokens=64, seqs=4)
+    s.add(req("a", 5, max_tokens=3))
+    s.add(req("b", 5, max_tokens=1))
+    first = s.schedule()
+    s.advance(first, pending=False)
+    for x in first.scheduled:          # launched: both sample, tokens not read back yet
+        x.request.num_pending += 1
+    nxt = s.schedule()
+    assert [(x.request.request_id, x.num_new_tokens, x.pending) for x in nxt.scheduled] == \
+        [("a", 1, True)]               # b's pending token is its only one
+    assert nxt.num_decodes == 1
+    for x in first.scheduled:          # first step read back: tokens known now
+        x.request.num_pending -= 1
+        x.request.all_token_ids.append(9)
+    s.advance(nxt, pending=True)
+    a = s.requests["a"]
+    assert a.num_computed_tokens == 6 and a.num_tokens == 6
+
+
+def test_preempted_request_with_pending_token_waits_until_it_is_known():
+    s = make(num_blocks=4, block_size=4, seqs=4, tokens=64)
+    s.add(req("old", 7, t=0, max_tokens=6))
+    s.add(req("new", 7, t=1, max_tokens=6))
+    fake_step(s)
+    fake_step(s)
+    for r in list(s.running.values()):
+        r.num_pending = 1                # both have a token in flight
+    out = s.schedule()                   # the 9th token needs a 3rd block
+    assert [r.request_id for r in out.preempted] == ["new"]
+    new = s.requests["new"]
+    assert new.status is Status.WAITING and s.waiting.peek() is new
+    s.kv.free_request("old")             # room now, but new's token is not known yet
+    assert "new" not in [x.request.request_id for x in s.schedule().scheduled]
+
+
+def test_wait_queue_orders_and_lazy_removal():
+    q = WaitQueue("fcfs")
+    a, b, c = req("a", 1, t=0), req("b", 1, t=1), req("c", 1, t=2)
+    for r in (c, a, b):
+        q.add(r)
+    q.remove(b)
+    assert len(q) == 2 and q.pop() is a
+    q.add(a)                             # preempted: back ahead of later arrivals
+    assert q.peek() is a and sorted(r.request_id for r in q) == ["a", "c"]
+    q.remove(a)
+    q.add(a)                             # re-queued: its stale entries are skipped
+    assert [q.pop().request_id for _ in range(len(q))] == ["a", "c"]
+    p = WaitQueue("priority")
+    for r, prio in ((a, 5), (b, 0), (c, 0)):
+        r.priority = prio
+        p.add(r)
+    p.remove(b)
+    assert [p.pop().request_id for _ in range(len(p))] == ["c", "a"]

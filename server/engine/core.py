@@ -1,0 +1,339 @@
+"""The engine core: scheduler, KV manager, runner and sampler behind three calls.
+
+`add_request(CoreRequest)`, `abort(CoreAbort)` and `step() -> CoreOutputs`. The core
+knows token ids only: tokenizing, stop strings and detokenizing happen where the
+request came from (the API process, or `LLMEngine` for the offline `LLM`), and what a
+step hands back are deltas: each request's new token ids, finish reasons, and the
+events and gauges the API needs.
+
+Async scheduling, for every kind of step: step N+1 is scheduled and its forward
+queued on the device *before* step N's sampled tokens are read back. A request that
+N samples counts that token as pending; N+1's decode for it reads the token on the
+device. While N+1 computes, the host reads N's tokens, checks stop conditions and
+builds the outputs; only then is N+1's sampling queued (it needs nothing from the
+host but a few flags). Tokens computed for requests that N finished are dropped.
+
+Isolation: a failure while adding, staging or finishing one request fails that
+request (its blocks freed, a `CoreFailure` for its client) and never the engine.
+What cannot be pinned on one request (a device fault, a bug in shared state) raises
+out of `step()`: the process that runs the core must stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagefleet.server.config import ConfigError, EngineConfig, resolve_limits
+from pagefleet.server.engine import faults
+from pagefleet.server.engine.kv_cache import KVCacheManager
+from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
+                                              CoreReady, CoreRequest, CoreStats, Logprobs)
+from pagefleet.server.engine.request import Request, Status
+from pagefleet.server.engine.runner import ModelRunner, StagedStep, resolve_device
+from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
+from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
+from pagefleet.server.engine.staging import StagingOverflow
+from pagefleet.server.engine.validation import RequestRejected
+from pagefleet.server.models.config import ModelConfig
+
+log = logging.getLogger("pagefleet.engine")
+
+
+def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
+    limit = model_cfg.max_position_embeddings
+    want = config.max_model_len or limit
+    if want > limit:
+        raise ConfigError(f"--max-model-len {want} exceeds the model's "
+                          f"max_position_embeddings ({limit}); use at most {limit}")
+    window = model_cfg.sliding_window
+    if window and want > window:
+        raise ConfigError(f"--max-model-len {want} exceeds the model's sliding window "
+                          f"({window}), which pagefleet does not implement; use at most {window}")
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < want:
+        raise ConfigError(
+            f"--max-num-batched-tokens ({config.max_num_batched_tokens}) is smaller than "
+            f"--max-model-len ({want}) with chunked prefill off, so long prompts could "
+            "never be scheduled. Raise --max-num-batched-tokens, lower --max-model-len, or "
+            "use --enable-chunked-prefill.")
+    return want
+
+
+@dataclass
+class _Launched:
+    """A step whose forward is queued: what it runs, who samples, and the sample."""
+
+    sched: SchedulerOutput
+    sampling: list[Request]
+    logits: torch.Tensor | None
+    sampler_step: SamplerStep
+    pending: PendingSample | None = None
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_dir: str | Path,
+                 eos_token_ids: tuple[int, ...] | None = None, usage: str = "offline") -> None:
+        config.validate()
+        device = resolve_device(config.device)
+        gpu_mem = (torch.cuda.get_device_properties(device).total_memory
+                   if device.type == "cuda" else None)
+        note = resolve_limits(config, usage, gpu_mem)
+        if note:
+            log.info("%s", note)
+        self.config = config
+        self.model_dir = Path(model_dir)
+        self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        self.max_model_len = resolve_max_model_len(config, self.model_cfg)
+        self.eos_token_ids = tuple(eos_token_ids if eos_token_ids is not None
+                                   else self.model_cfg.eos_token_ids)
+        self.runner = ModelRunner(config, self.model_dir, self.model_cfg, self.max_model_len)
+        self.device = self.runner.device
+        self.sampler = Sampler(self.model_cfg.vocab_size, self.device, config.max_num_seqs,
+                               seed=config.seed)
+        self.runner.init_kv_cache()
+        self.kv = KVCacheManager(self.runner.layout.num_blocks, config.block_size,
+                                 config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   enable_chunked_prefill=config.enable_chunked_prefill,
+                                   policy=config.scheduling_policy,
+                                   max_model_len=self.max_model_len,
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold)
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self._inflight: _Launched | None = None
+        self.num_steps = 0
+        self.num_overlapped_steps = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        self._last_step_tokens = 0
+
+    def ready_info(self) -> CoreReady:
+        return CoreReady(max_model_len=self.max_model_len, num_blocks=self.kv.num_blocks,
+                         block_size=self.kv.block_size, vocab_size=self.model_cfg.vocab_size,
+                         eos_token_ids=list(self.eos_token_ids), device=str(self.device),
+                         max_num_seqs=self.config.max_num_seqs,
+                         max_num_batched_tokens=self.config.max_num_batched_tokens,
+                         memory_report={k: float(v) for k, v in
+                                        getattr(self.runner, "memory_report", {}).items()})
+
+    # -- requests --------------------------------------------------------------------
+    def add_request(self, cr: CoreRequest) -> None:
+        """Queue a request validated at the edge; raises RequestRejected if it can
+        never run here (the caller answers its client, nothing else changes)."""
+        if cr.request_id in self.scheduler.requests:
+            raise RequestRejected(f"request id {cr.request_id!r} is already in use", "request_id")
+        faults.check("add", cr.request_id)
+        ids = cr.prompt_token_ids
+        if not ids:
+            raise RequestRejected("the prompt is empty", "prompt")
+        p = cr.params
+        need = self.kv.blocks_needed(len(ids) + p.max_tokens)
+        if need > self.kv.num_blocks:
+            raise RequestRejected(
+                f"the request needs up to {len(ids) + p.max_tokens} tokens of KV cache but the "
+                f"whole cache holds {self.kv.num_blocks * self.kv.block_size}; lower max_tokens",
+                "max_tokens")
+        req = Request(cr.request_id, ids, p, priority=cr.priority, arrival_time=cr.arrival_time,
+                      eos_token_ids=self.eos_token_ids, prefix_leader=cr.prefix_leader)
+        if p.seed is not None and not p.greedy:
+            req.generator = torch.Generator(device=self.device).manual_seed(p.seed & (2**64 - 1))
+        self.scheduler.add(req)
+
+    def abort(self, cmd: CoreAbort) -> CoreOutputs:
+        out = CoreOutputs()
+        for rid in cmd.request_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            if cmd.only_if_waiting:
+                if req.ever_scheduled:
+                    continue
+                self._finish(req, "abort")
+                out.failed.append(CoreFailure(rid, "queue_timeout", "waited in the queue too long"))
+                continue
+            self._finish(req, "abort")
+            out.outputs.append(CoreOutput(rid, [], finish_reason="abort"))
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        if self.scheduler.has_unfinished():
+            return True
+        step = self._inflight   # a launched step matters only while it serves someone
+        return step is not None and any(not r.is_finished for r in step.sampling)
+
+    def _finish(self, req: Request, reason: str, stop_reason: int | None = None) -> None:
+        self.scheduler.finish(req, reason, stop_reason)
+        self._release_slot(req)
+
+    def _release_slot(self, req: Request) -> None:
+        if req.slot >= 0:
+            self.sampler.slot_released(req)
+            self._free_slots.append(req.slot)
+            req.slot = -1
+
+    def _fail(self, req: Request, exc: BaseException, out: CoreOutputs, stage: str) -> None:
+        log.warning("request %s failed while %s: %s: %s", req.request_id, stage,
+                    type(exc).__name__, exc)
+        if not req.is_finished:
+            self._finish(req, "abort")
+        out.failed.append(CoreFailure(req.request_id, "error",
+                                      f"the request failed while {stage}: {type(exc).__name__}"))
+
+    # -- stepping --------------------------------------------------------------------
+    def step(self) -> CoreOutputs:
+        """One engine step; returns what changed since the last one."""
+        out = CoreOutputs()
+        self._last_step_tokens = 0
+        sched = self._schedule(out)
+        launched = self._launch(sched, out) if not sched.is_empty else None
+        prev, self._inflight = self._inflight, None
+        if prev is not None:
+            self._resolve(prev, out)
+            if launched is not None:
+                self.num_overlapped_steps += 1
+        if launched is not None:
+            self.scheduler.advance(launched.sched, pending=True)   # their tokens are known now
+            self._sample(launched)
+            if self.config.async_scheduling:
+                self._inflight = launched
+            else:
+                self._resolve(launched, out)
+        out.stats = self.stats()
+        out.timestamp = time.time()
+        return out
+
+    def _schedule(self, out: CoreOutputs) -> SchedulerOutput:
+        sched = self.scheduler.schedule()
+        for r in sched.preempted:
+            self._release_slot(r)
+            out.preempted.append(r.request_id)
+        out.scheduled.extend(r.request_id for r in sched.first_scheduled)
+        return sched
+
+    def _launch(self, sched: SchedulerOutput, out: CoreOutputs) -> _Launched | None:
+        """Stage the step's inputs and queue its forward. Rows whose per-request host
+        work fails are taken out of the step and failed alone."""
+        if faults.active:
+            faults.check_fatal(s.request.request_id for s in sched.scheduled)
+            self._drop_faulty(sched, out, "preparing")
+            if sched.is_empty:
+                return None
+        new: list[Request] = []
+        for s in sched.scheduled:
+            r = s.request
+            if r.slot < 0:
+                r.slot = self._free_slots.pop()
+                self.sampler.slot_taken(r)
+                new.append(r)
+        staging = self.runner.staging
+        tables = [self.kv.blocks_of(s.request.request_id) for s in sched.scheduled]
+        sampling = [s.request for s in sched.scheduled if s.samples]
+        while True:
+            staging.begin()
+            try:
+                rstep: StagedStep = self.runner.stage(sched, tables)
+                sstep = self.sampler.stage(staging, sampling, new)
+                break
+            except StagingOverflow as e:
+                staging.grow(e)
+        staging.commit()
+        logits = self.runner.execute(rstep)
+        n_tok = n_prompt = 0
+        for s in sched.scheduled:
+            r, n = s.request, s.num_new_tokens
+            n_tok += n
+            n_prompt += max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens)
+                            - r.num_computed_tokens)
+        self.prompt_tokens_computed += n_prompt
+        self._last_step_tokens = n_tok
+        self.scheduler.advance(sched, pending=False)
+        for i, r in enumerate(sampling):
+            r.num_pending += 1
+            r.sample_row = i
+        self.num_steps += 1
+        return _Launched(sched, sampling, logits, sstep)
+
+    def _drop_faulty(self, sched: SchedulerOutput, out: CoreOutputs, stage: str) -> None:
+        keep = []
+        for s in sched.scheduled:
+            try:
+                faults.check("prepare", s.request.request_id)
+                keep.append(s)
+            except Exception as exc:  # noqa: BLE001 - isolate the one request
+                self._fail(s.request, exc, out, stage)
+        if len(keep) != len(sched.scheduled):
+            sched.num_decodes = sum(1 for s in keep[:sched.num_decodes]
+                                    if s.num_new_tokens == 1 and s.samples)
+            sched.scheduled = keep
+
+    def _sample(self, step: _Launched) -> None:
+        staging = self.runner.staging
+        if step.sampling:
+            step.pending = self.sampler.sample(step.logits, step.sampler_step, staging,
+                                               self.runner.last_tokens)
+        else:   # nobody samples, but new slots' parameters must still be written
+            self.sampler.apply_updates(step.sampler_step, staging)
+        step.logits = None
+
+    def _resolve(self, step: _Launched, out: CoreOutputs) -> None:
+        """Read a step's tokens back and update its requests. Requests that finished
+        or were aborted meanwhile are skipped: their token is dropped."""
+        if step.pending is None:
+            return
+        result = step.pending.resolve()
+        for req, token, lp in zip(step.sampling, result.token_ids, result.logprobs):
+            req.num_pending -= 1
+            if req.is_finished:
+                continue
+            try:
+                faults.check("finish", req.request_id)
+                self._append(req, token, lp, out)
+            except Exception as exc:  # noqa: BLE001 - isolate the one request
+                self._fail(req, exc, out, "finishing a step")
+
+    def _append(self, req: Request, token: int, lp: Logprobs | None, out: CoreOutputs) -> None:
+        req.all_token_ids.append(token)
+        self.generation_tokens += 1
+        p = req.params
+        n_out = req.num_output_tokens
+        cached = req.num_cached_tokens if n_out == 1 else -1
+        finish, stop = None, None
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                finish = "stop"
+            elif token in p.stop_token_ids:
+                finish, stop = "stop", token
+        if finish is None and (n_out >= req.max_tokens
+                               or len(req.all_token_ids) >= self.max_model_len):
+            finish = "length"
+        if finish is not None:
+            self._finish(req, finish, stop)
+        out.outputs.append(CoreOutput(req.request_id, [token], lp, finish, stop, cached))
+
+    # -- observability ---------------------------------------------------------------
+    def stats(self) -> CoreStats:
+        s = self.scheduler
+        return CoreStats(
+            num_running=len(s.running), num_waiting=len(s.waiting),
+            kv_cache_usage=self.kv.usage, free_blocks=self.kv.num_free_blocks,
+            total_blocks=self.kv.num_blocks, prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits, num_preemptions=s.num_preemptions,
+            prompt_tokens=self.prompt_tokens_computed, generation_tokens=self.generation_tokens,
+            num_steps=self.num_steps, step_tokens=self._last_step_tokens)
+
+    def counters(self) -> dict:
+        """Introspection for tests and utilities: what the core has computed."""
+        return {"generation_tokens": self.generation_tokens, "num_steps": self.num_steps,
+                "num_overlapped_steps": self.num_overlapped_steps,
+                "running": sorted(self.scheduler.running),
+                "waiting": sorted(r.request_id for r in self.scheduler.waiting),
+                "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks}
+
+    def check_whole(self) -> dict:
+        self.kv.check_whole()
+        assert len(self._free_slots) == self.config.max_num_seqs, "row slots leaked"
+        return {"ok": True}
