@@ -374,28 +374,22 @@ class StepTimer:
 
         overlapped = eng.config.async_scheduling
 
-        def timed_execute(scheduled, tables, *rest):
+        def timed_execute(step):
             t = time.perf_counter()
-            r = execute(scheduled, tables, *rest)
+            r = execute(step)
             if not overlapped:   # with async scheduling a sync here would undo the overlap
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t
             self.cur["prepare"] += runner.last_prepare_s
             self.cur["forward"] += dt - runner.last_prepare_s
-            self.cur["batch"] = len(scheduled)
-            self.cur["tokens"] = sum(s.num_new_tokens for s in scheduled)
+            self.cur["batch"] = step.num_rows
+            self.cur["tokens"] = step.num_tokens
             return r
 
         class TimedSampler:
-            def __call__(_, logits, reqs):
+            def sample(_, *a):
                 t = time.perf_counter()
-                r = sampler(logits, reqs)
-                self.cur["sample"] += time.perf_counter() - t
-                return r
-
-            def sample(_, logits, reqs):
-                t = time.perf_counter()
-                r = sampler.sample(logits, reqs)
+                r = sampler.sample(*a)
                 self.cur["sample"] += time.perf_counter() - t
                 return r
 
@@ -404,7 +398,7 @@ class StepTimer:
 
         eng.scheduler.schedule = timed_schedule
         eng.runner.execute = timed_execute
-        eng.sampler = TimedSampler()
+        eng.core.sampler = TimedSampler()
         step = eng.step
 
         def timed_step():
