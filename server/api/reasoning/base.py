@@ -9,9 +9,11 @@ Where the output starts matters, and the prompt says it:
 - inside the reasoning, when the chat template opened `<think>` in the prompt
   (DeepSeek-R1's and Qwen3-Thinking-2507's templates do): everything up to `</think>`
   is reasoning, and with no `</think>` at all (cut short) the whole output is;
-- outside it otherwise: the output is reasoning only if it starts with `<think>`
-  (original Qwen3 with thinking on); if not, it is all content, tags and all (Qwen3
-  with `enable_thinking=False`, whose template closes an empty block in the prompt).
+- outside it otherwise: the output is reasoning only if its very first characters
+  are `<think>` (original Qwen3 with thinking on); if not, it is all content, tags and
+  all (Qwen3 with `enable_thinking=False`, whose template closes an empty block in the
+  prompt). Not even whitespace may come first: the engine's token-space twin
+  (`tokens.ReasoningBoundary`) decides on the first token, and the two must agree.
 
 Whitespace right inside the tags and right after `</think>` is dropped (Qwen's own
 template strips it the same way when it renders the history). Empty parts are None.
@@ -122,7 +124,9 @@ class ReasoningParser:
             self.buf = ""
             return False
         if st in ("start", "reasoning_start", "content_start"):
-            body = buf.lstrip(WHITESPACE)
+            # Outside, <think> counts only as the very first thing, as in token space
+            # (ReasoningBoundary looks at the first token); inside, whitespace is dropped.
+            body = buf if st == "start" else buf.lstrip(WHITESPACE)
             if st == "content_start":
                 self.buf = body
                 if body:

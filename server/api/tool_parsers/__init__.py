@@ -52,17 +52,23 @@ def get_tool_parser(name: str) -> type[ToolParser]:
 
 
 def parser_for_plan(plan: ToolChoicePlan, parser_name: str | None) -> ToolParser | None:
-    """A fresh parser for one choice: None when tool calls are off (`tool_choice` none)."""
+    """A fresh parser for one choice: None when tool calls are off (`tool_choice` none).
+
+    Forced calls (`required`, named) parse the forced JSON whatever the model's format,
+    but take their ids from the model's parser, so Mistral gets its 9-character ids.
+    """
     if plan.mode == "none":
         return None
+    native = get_tool_parser(parser_name) if parser_name is not None else None
+    ids = native.new_id if native is not None else None    # Mistral needs its own id shape
     if plan.mode == "required":
-        return RequiredToolParser()
+        return RequiredToolParser(id_factory=ids)
     if plan.mode == "named":
         assert plan.function is not None
-        return NamedToolParser(plan.function.name)
-    if parser_name is None:
+        return NamedToolParser(plan.function.name, id_factory=ids)
+    if native is None:
         raise ValueError("tool_choice 'auto' needs a --tool-call-parser")
-    return get_tool_parser(parser_name)()
+    return native()
 
 
 __all__ = [

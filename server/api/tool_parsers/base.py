@@ -50,7 +50,8 @@ class ToolParser:
         self.pos = 0                      # first unconsumed character of buf
         self.hold: int | None = None      # start of text held back (may become content)
         self._content_parts: list[str] = []
-        self._calls: list[ToolCall] = []
+        self._calls: list[tuple[str, str]] = []     # (id, name) per call
+        self._call_args: list[list[str]] = []       # argument pieces per call
         self._out: list[str | ToolCallDelta] = []
         self._ws = ""                     # trailing whitespace of content, not yet sent
         self._after_call = False          # no content since the last call ended
@@ -86,7 +87,8 @@ class ToolParser:
     def result(self) -> ExtractedToolCalls:
         """The message so far: content (None when empty and a call was made) and the calls."""
         content = "".join(self._content_parts)
-        calls = [ToolCall(c.id, c.name, c.arguments) for c in self._calls]
+        calls = [ToolCall(cid, name, "".join(args))
+                 for (cid, name), args in zip(self._calls, self._call_args)]
         return ExtractedToolCalls(content if (content or not calls) else None, calls)
 
     @classmethod
@@ -150,17 +152,17 @@ class ToolParser:
     def _start_call(self, name: str, call_id: str | None = None) -> None:
         if not self._content_parts:
             self._ws = ""                    # the message starts with a call
-        call = ToolCall(call_id or self._ids(), name, "")
-        self._calls.append(call)
-        self._out.append(ToolCallDelta(len(self._calls) - 1, call.id, name, ""))
+        cid = call_id or self._ids()
+        self._calls.append((cid, name))
+        self._call_args.append([])
+        self._out.append(ToolCallDelta(len(self._calls) - 1, cid, name, ""))
         self._call_open = True
         self._call_has_args = False
 
     def _args(self, s: str) -> None:
         if not s:
             return
-        call = self._calls[-1]
-        call.arguments += s
+        self._call_args[-1].append(s)
         self._call_has_args = True
         last = self._out[-1] if self._out else None
         if isinstance(last, ToolCallDelta) and last.index == len(self._calls) - 1:

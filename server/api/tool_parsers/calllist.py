@@ -39,7 +39,8 @@ class CallList:
                 continue
             i = skip_ws(p.buf, p.pos)
             if i >= len(p.buf):
-                p.pos = i
+                if self.state != "next":         # after a call it may become content
+                    p.pos = i
                 if not final:
                     return Scan.MORE
                 if self.state == "next":
@@ -60,6 +61,7 @@ class CallList:
             else:                                    # "next", after a call object
                 if c == ",":
                     p.hold, p.pos, self.state = i, i + 1, "item"
-                else:
-                    p.pos = i + 1 if c == "]" else i
+                else:                                # `]`, or text: content from here
+                    if c == "]":
+                        p.pos = i + 1
                     return Scan.DONE

@@ -5,7 +5,8 @@ the `tool_choice="required"` array). Keys may come in any order and unknown keys
 (Llama 3.2 writes `"type": "function"`) are skipped. The call is committed, and its id
 and name sent, as soon as the name is known (and, when `need_args` is set, the
 arguments key has been seen too: Llama's calls are bare JSON, and `{"name": "Ann"}`
-alone is more likely an answer than a call). Arguments seen before the commit are
+alone is more likely an answer than a call; `only_keys` then also rejects, before the
+commit, any key a call object does not have). Arguments seen before the commit are
 held and sent with it; after it they stream as they arrive.
 """
 
@@ -29,10 +30,12 @@ class CallEnvelope:
     """
 
     def __init__(self, parser: ToolParser, *, args_keys: tuple[str, ...] = ("arguments",),
-                 need_args: bool = False, stop: str | None = None) -> None:
+                 need_args: bool = False, stop: str | None = None,
+                 only_keys: frozenset[str] | None = None) -> None:
         self.p = parser
         self.args_keys = args_keys
         self.need_args = need_args
+        self.only_keys = only_keys
         self.stop = stop
         self.state = "first_key"
         self.key: str | None = None
@@ -76,6 +79,9 @@ class CallEnvelope:
                     return Scan.MORE, i
                 if status is Scan.ERROR:
                     return self._bad(i)
+                if self.only_keys is not None and not self.committed \
+                        and key not in self.only_keys:
+                    return self._bad(j)          # a key no call object has: an answer
                 self.key, i, self.state = key, j, "colon"
             elif st == "colon":
                 if c != ":":

@@ -9,9 +9,9 @@ What the model writes with the JSON tool-calling template (vLLM's
 
 A call is a JSON object at the very start of the output (after whitespace), or right
 after `<|python_tag|>` anywhere, and further ones follow separated by `;`. It needs a
-`"name"` string and a `"parameters"` (or `"arguments"`) key; other keys (Llama 3.2
-writes `"type": "function"`) are skipped. An object without both is content: a JSON
-answer such as `{"name": "Ann", "age": 3}` stays an answer. A `{` in the middle of
+`"name"` string and a `"parameters"` (or `"arguments"`) key, and no keys but those,
+`"type"` (Llama 3.2 writes `"type": "function"`) and `"id"`. Any other object is
+content: a JSON answer such as `{"name": "Ann", "age": 3}` stays an answer. A `{` in the middle of
 prose is content too (vLLM's non-streaming parser would take it as a call, its
 streaming parser would not; here both modes agree).
 """
@@ -23,6 +23,7 @@ from pagefleet.server.api.tool_parsers.envelope import CallEnvelope
 from pagefleet.server.api.tool_parsers.jsonscan import Scan, skip_ws, tag_prefix_at
 
 ARGS_KEYS = ("parameters", "arguments")
+CALL_KEYS = frozenset({"name", "type", "id", *ARGS_KEYS})
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -53,7 +54,8 @@ class Llama3JsonToolParser(ToolParser):
         i = skip_ws(self.buf, self.pos)
         if i >= len(self.buf):
             if not final:
-                self.pos = i
+                if st != "after":                # whitespace after a call may be content
+                    self.pos = i
                 return False
             if st in ("start", "open"):
                 self._fail_block(i)
@@ -83,9 +85,9 @@ class Llama3JsonToolParser(ToolParser):
         if c == ";":
             self.hold, self.pos, self.state = i, i + 1, "open"
         else:
-            self.pos, self.state = i, "text"
+            self.state = "text"                  # its whitespace included: content
         return True
 
     def _open_call(self, i: int) -> None:
-        self.env = CallEnvelope(self, args_keys=ARGS_KEYS, need_args=True)
+        self.env = CallEnvelope(self, args_keys=ARGS_KEYS, need_args=True, only_keys=CALL_KEYS)
         self.pos, self.state = i + 1, "call"

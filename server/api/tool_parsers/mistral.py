@@ -64,7 +64,8 @@ class MistralToolParser(ToolParser):
         i = skip_ws(self.buf, self.pos)
         if i >= len(self.buf):
             if not final:
-                self.pos = i
+                if st != "after":                # whitespace after a call may be content
+                    self.pos = i
                 return False
             if st != "after":
                 self._fail_block(i)
@@ -87,12 +88,11 @@ class MistralToolParser(ToolParser):
         # "after" a v11 call: another [TOOL_CALLS], or the rest is content.
         at = tag_prefix_at(self.buf, i, self.BOT)
         if at is Scan.MORE and not final:
-            self.pos = i
             return False
         if at is Scan.DONE:
             self.hold, self.pos, self.state = i, i + len(self.BOT), "bot"
         else:
-            self.pos, self.state = i, "text"
+            self.state = "text"                  # its whitespace included: content
         return True
 
     def _word_step(self, final: bool) -> bool:
