@@ -12,7 +12,8 @@ hermes` sees a real tools prompt:
 - `role: "tool"` results -> `<tool_response id="<tool_call_id>">…</tool_response>`,
   consecutive ones grouped in one user turn as Qwen2.5 does (the id is an addition
   here, so a test can see which result answers which call);
-- `reasoning_content` on an assistant message -> `<think>…</think>` before its content,
+- `reasoning_content` (or vLLM's newer `reasoning`) on an assistant message ->
+  `<think>…</think>` before its content,
   and `enable_thinking=False` (a `chat_template_kwargs` key) closes an empty think
   block in the generation prompt, as Qwen3's template does;
 - `continue_final_message` leaves the last message open, like `testing.CHAT_TEMPLATE`.
@@ -40,8 +41,10 @@ TOOLS_CHAT_TEMPLATE = r"""
     {%- if message.role == 'system' and loop.first -%}
     {%- elif message.role == 'assistant' -%}
         {{- '<|im_start|>assistant\n' -}}
-        {%- if message.reasoning_content is defined and message.reasoning_content -%}
-            {{- '<think>\n' + message.reasoning_content + '\n</think>\n\n' -}}
+        {%- set thought = message.reasoning_content if message.reasoning_content is defined
+                          else (message.reasoning if message.reasoning is defined else none) -%}
+        {%- if thought -%}
+            {{- '<think>\n' + thought + '\n</think>\n\n' -}}
         {%- endif -%}
         {%- if message.content -%}{{- message.content -}}{%- endif -%}
         {%- if message.tool_calls is defined and message.tool_calls -%}

@@ -20,4 +20,4 @@ def chunkings(text: str, *, random_cuts: int = 40, seed: int = 0) -> Iterator[li
     for _ in range(random_cuts):
         k = min(n + 1, rng.randint(2, 8))
         cuts = sorted(rng.sample(range(n + 1), k))
-        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True)]

@@ -68,13 +68,16 @@ CASES = [
     (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "<think>\nThe user greets.\n</think>\n\nHello!",
      "The user greets.", "Hello!"),
     # <think> opens the reasoning only as the very first thing (as the first token)
-    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "\n<think>x</think>y", None, "\n<think>x</think>y"),
+    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "\n<think>x</think>y", None,
+     "\n<think>x</think>y"),
     # Qwen3 deciding not to think: an empty block
     (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "<think>\n\n</think>\n\nHello!", None, "Hello!"),
     # no think block at all: all content, verbatim, even a stray tag
     (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "Hello!", None, "Hello!"),
-    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "  Hi </think> there", None, "  Hi </think> there"),
-    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "<thinking> is a word", None, "<thinking> is a word"),
+    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "  Hi </think> there", None,
+     "  Hi </think> there"),
+    (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "<thinking> is a word", None,
+     "<thinking> is a word"),
     (Qwen3ReasoningParser, QWEN_THINKING_PROMPT, "<thi", None, "<thi"),
     # enable_thinking=False: the template closed an empty block in the prompt
     (Qwen3ReasoningParser, QWEN_NO_THINK_PROMPT, "Hello!", None, "Hello!"),
@@ -83,7 +86,8 @@ CASES = [
     (Qwen3ReasoningParser, QWEN_2507_PROMPT, "Greeting.\n</think>\n\nHi!", "Greeting.", "Hi!"),
     (Qwen3ReasoningParser, QWEN_2507_PROMPT, "still thinking", "still thinking", None),
     # a think block in the history does not count: the last tag in the prompt decides
-    (Qwen3ReasoningParser, QWEN_HISTORY_PROMPT, "<think>\nagain\n</think>\n\nDone.", "again", "Done."),
+    (Qwen3ReasoningParser, QWEN_HISTORY_PROMPT, "<think>\nagain\n</think>\n\nDone.", "again",
+     "Done."),
     (Qwen3ReasoningParser, QWEN_HISTORY_PROMPT, "Done.", None, "Done."),
     (Qwen3ReasoningParser, None, "<think>truncated", "truncated", None),
     (Qwen3ReasoningParser, None, "", None, None),
@@ -113,8 +117,9 @@ def test_stream_deltas_and_shape():
     p = Qwen3ReasoningParser(prompt=QWEN_THINKING_PROMPT)
     assert p.feed("<thi") is None
     assert not p.reasoning_ended
-    assert p.feed("nk>\nStep one.\n").to_openai() == {"reasoning_content": "Step one."}
-    assert p.feed("Step two.</th") .to_openai() == {"reasoning_content": "\nStep two."}
+    assert p.feed("nk>\nStep one.\n").to_openai() == {"reasoning_content": "Step one.",
+                                                      "reasoning": "Step one."}
+    assert p.feed("Step two.</th").to_openai()["reasoning_content"] == "\nStep two."
     assert p.feed("ink>\n\nAnswer").to_openai() == {"content": "Answer"}
     assert p.reasoning_ended
     assert p.feed(" done.").to_openai() == {"content": " done."}

@@ -119,6 +119,10 @@ def test_thinking_switch_and_reasoning_history(tokenizer):
         tokenize=False)
     assert text.endswith("<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello."
                          "<|im_end|>\n")
+    newer = tokenizer.apply_chat_template(
+        [*user, {"role": "assistant", "content": "Hello.", "reasoning": "Greet back."}],
+        tokenize=False)
+    assert newer == text
 
 
 def test_continue_final_message(tokenizer):

@@ -18,7 +18,7 @@ from `think_token_ids(...)` so its grammar starts after `</think>`.
 from __future__ import annotations
 
 from pagefleet.server.api.reasoning.base import (
-    REASONING_FIELD,
+    REASONING_FIELDS,
     DeepSeekR1ReasoningParser,
     Qwen3ReasoningParser,
     ReasoningDelta,
@@ -48,7 +48,7 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
 
 
 __all__ = [
-    "REASONING_FIELD", "REASONING_PARSERS", "DeepSeekR1ReasoningParser",
+    "REASONING_FIELDS", "REASONING_PARSERS", "DeepSeekR1ReasoningParser",
     "Qwen3ReasoningParser", "ReasoningBoundary", "ReasoningConfigError", "ReasoningDelta",
     "ReasoningParser", "ThinkTokenIds", "content_start", "get_reasoning_parser",
     "think_token_ids",

@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 WHITESPACE = " \t\n\r"
-REASONING_FIELD = "reasoning_content"
+# The reasoning text goes out under both names: `reasoning_content` is DeepSeek's and
+# older vLLM's (LiteLLM and the Vercel AI SDK read it), `reasoning` is current vLLM's
+# (it dropped `reasoning_content` in 2026, vllm-project/vllm#33402).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 @dataclass
@@ -36,7 +39,8 @@ class ReasoningDelta:
     def to_openai(self) -> dict:
         out: dict = {}
         if self.reasoning_content is not None:
-            out[REASONING_FIELD] = self.reasoning_content
+            for name in REASONING_FIELDS:
+                out[name] = self.reasoning_content
         if self.content is not None:
             out["content"] = self.content
         return out

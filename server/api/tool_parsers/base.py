@@ -88,7 +88,7 @@ class ToolParser:
         """The message so far: content (None when empty and a call was made) and the calls."""
         content = "".join(self._content_parts)
         calls = [ToolCall(cid, name, "".join(args))
-                 for (cid, name), args in zip(self._calls, self._call_args)]
+                 for (cid, name), args in zip(self._calls, self._call_args, strict=True)]
         return ExtractedToolCalls(content if (content or not calls) else None, calls)
 
     @classmethod

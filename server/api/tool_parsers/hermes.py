@@ -20,6 +20,7 @@ from __future__ import annotations
 from pagefleet.server.api.tool_parsers.base import ToolParser
 from pagefleet.server.api.tool_parsers.envelope import CallEnvelope
 from pagefleet.server.api.tool_parsers.jsonscan import Scan, skip_ws, tag_prefix_at
+from pagefleet.server.api.tool_parsers.types import IdFactory
 
 
 class HermesToolParser(ToolParser):
@@ -27,7 +28,7 @@ class HermesToolParser(ToolParser):
     START, END = "<tool_call>", "</tool_call>"
     tags = (START, END)
 
-    def __init__(self, id_factory=None) -> None:
+    def __init__(self, id_factory: IdFactory | None = None) -> None:
         super().__init__(id_factory)
         self.state = "text"
         self.env: CallEnvelope | None = None

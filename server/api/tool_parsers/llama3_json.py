@@ -21,6 +21,7 @@ from __future__ import annotations
 from pagefleet.server.api.tool_parsers.base import ToolParser
 from pagefleet.server.api.tool_parsers.envelope import CallEnvelope
 from pagefleet.server.api.tool_parsers.jsonscan import Scan, skip_ws, tag_prefix_at
+from pagefleet.server.api.tool_parsers.types import IdFactory
 
 ARGS_KEYS = ("parameters", "arguments")
 CALL_KEYS = frozenset({"name", "type", "id", *ARGS_KEYS})
@@ -31,7 +32,7 @@ class Llama3JsonToolParser(ToolParser):
     PYTHON_TAG = "<|python_tag|>"
     tags = (PYTHON_TAG,)
 
-    def __init__(self, id_factory=None) -> None:
+    def __init__(self, id_factory: IdFactory | None = None) -> None:
         super().__init__(id_factory)
         self.state = "start"
         self.env: CallEnvelope | None = None

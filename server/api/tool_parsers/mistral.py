@@ -23,7 +23,7 @@ import string
 from pagefleet.server.api.tool_parsers.base import ToolParser
 from pagefleet.server.api.tool_parsers.calllist import CallList
 from pagefleet.server.api.tool_parsers.jsonscan import Scan, ValueScanner, skip_ws, tag_prefix_at
-from pagefleet.server.api.tool_parsers.types import mistral_call_id
+from pagefleet.server.api.tool_parsers.types import IdFactory, mistral_call_id
 
 NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.")
 ID_CHARS = frozenset(string.ascii_letters + string.digits)
@@ -35,7 +35,7 @@ class MistralToolParser(ToolParser):
     tags = (BOT, ARGS, CALL_ID)
     new_id = staticmethod(mistral_call_id)
 
-    def __init__(self, id_factory=None) -> None:
+    def __init__(self, id_factory: IdFactory | None = None) -> None:
         super().__init__(id_factory)
         self.state = "text"
         self.list: CallList | None = None
