@@ -85,6 +85,7 @@ class EngineConfig:
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
     tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
+    max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
     quantization: str | None = opt(None, "Weight quantization method; detected from the "
                                    "checkpoint's quantization_config when omitted.",
                                    choices=QUANTIZATION_METHODS)
@@ -109,6 +110,7 @@ class EngineConfig:
              "must be fcfs or priority")
         need(self.tensor_parallel_size == 1, "tensor-parallel-size",
              "pagefleet runs one GPU per replica; scale out with replicas")
+        need(self.max_logprobs >= 0, "max-logprobs", "must be >= 0")
         need(self.quantization is None, "quantization",
              "quantized weights are not supported yet")
         if self.dtype == "half":
@@ -171,6 +173,8 @@ class ServerConfig:
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
                                     "overrides the tokenizer's.")
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
+    max_request_body_bytes: int = opt(32 << 20, "Largest request body accepted; larger "
+                                      "ones get 413 before they are parsed.")
     queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
                                       "scheduled; past it the request gets 503.")
     shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")

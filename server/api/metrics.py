@@ -93,6 +93,12 @@ class ServerMetrics:
                                          registry=r).labels(*self.labels)
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           (*LABELS, "finished_reason"), registry=r)
+        # vLLM has no queue timeout; it would count such a request as aborted, and so
+        # does vllm:request_success_total. This counter tells them apart from hang-ups.
+        self.queue_timeouts = Counter(
+            "pagefleet:request_queue_timeouts", "Requests that waited past --queue-timeout "
+            "without being scheduled (answered 503; also counted as finished_reason=abort).",
+            LABELS, registry=r).labels(*self.labels)
         self.success = {reason: success.labels(*self.labels, reason)
                         for reason in FINISHED_REASONS}
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
@@ -129,5 +135,7 @@ class MetricsListener(StepListener):
         self.m.generation_tokens.inc(new)
 
     def on_finished(self, stream: RequestStream, reason: str) -> None:
+        if reason == "timeout":
+            self.m.queue_timeouts.inc()
         self.m.success.get(reason, self.m.success["abort"]).inc()
         self.m.e2e.observe(max(time.time() - stream.arrival_time, 0.0))

@@ -10,11 +10,13 @@ after the first token has to travel as an SSE `error` event.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +32,8 @@ from pagefleet.server.engine.validation import check_context as _check_context
 
 log = logging.getLogger("pagefleet.api")
 _seq = itertools.count()
+# Bodies from this size on are parsed, templated and tokenized in the preparation thread.
+OFFLOAD_BYTES = 64 << 10
 
 
 def parse(model: type, body: bytes):
@@ -105,6 +109,9 @@ class OpenAIServing:
         self.max_log_len = max_log_len
         self.logprob_fmt = LogprobFormatter(self.tokenizer)
         self.created = int(time.time())
+        self.offload_bytes = OFFLOAD_BYTES
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagefleet-prepare")
+        self._worker_tokenizer = None
 
     # -- shared checks ---------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -171,7 +178,7 @@ class OpenAIServing:
         return streams
 
     # -- /v1/completions -------------------------------------------------------------
-    def _completion_prompts(self, prompt: Any) -> tuple[list[list[int]], list[Any]]:
+    def _completion_prompts(self, prompt: Any, tok) -> tuple[list[list[int]], list[Any]]:
         if isinstance(prompt, str):
             prompt = [prompt]
         if not prompt:
@@ -181,7 +188,7 @@ class OpenAIServing:
         ids_list, texts = [], []
         for p in prompt:
             if isinstance(p, str):
-                ids = self.tokenizer.encode(p)
+                ids = tok.encode(p)
             else:
                 ids = list(p)
                 if any(t < 0 or t >= self.vocab_size for t in ids):
@@ -193,7 +200,22 @@ class OpenAIServing:
             texts.append(p)
         return ids_list, texts
 
-    async def completions(self, body: bytes, rid: str) -> Response:
+    # -- preparation: parse, check, tokenize (off the event loop when large) -----------
+    async def prepared(self, fn, body: bytes):
+        """`fn(body, tokenizer)` inline for small bodies; in the preparation thread (with
+        its own tokenizer: HF tokenizers are not safe to share across threads) for large
+        ones, so tokenizing or templating megabytes never stalls other streams."""
+        if len(body) < self.offload_bytes:
+            return fn(body, self.tokenizer)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._in_worker, fn, body)
+
+    def _in_worker(self, fn, body: bytes):
+        if self._worker_tokenizer is None:
+            self._worker_tokenizer = copy.deepcopy(self.tokenizer)
+        return fn(body, self._worker_tokenizer)
+
+    def _prepare_completion(self, body: bytes, tok):
         req = parse(P.CompletionRequest, body)
         self._common_checks(req)
         for name, bad in (("echo", req.echo), ("logprobs", req.logprobs is not None),
@@ -201,10 +223,14 @@ class OpenAIServing:
                           ("best_of", req.best_of not in (None, 1))):
             if bad:
                 raise bad_request(f"{name} is not supported by /v1/completions here", name)
-        prompts, texts = self._completion_prompts(req.prompt)
+        prompts, texts = self._completion_prompts(req.prompt, tok)
         for ids in prompts:
             check_context(len(ids), req.max_tokens, self.max_model_len)
         params = P.sampling_params(req, self.defaults, max_tokens=req.max_tokens, logprobs=None)
+        return req, prompts, texts, params
+
+    async def completions(self, body: bytes, rid: str) -> Response:
+        req, prompts, texts, params = await self.prepared(self._prepare_completion, body)
         self._log_received(rid, "completion", prompts, texts, params, req.stream)
         t0 = time.time()
         streams = self._submit(rid, prompts, params, req.priority, texts)
@@ -247,23 +273,25 @@ class OpenAIServing:
         return streaming_response(events())
 
     # -- /v1/chat/completions --------------------------------------------------------
-    def chat_prompt_ids(self, req) -> list[int]:
-        text = render_chat(self.tokenizer, req.messages, template=self.chat_template,
+    def chat_prompt_ids(self, req, tok) -> list[int]:
+        text = render_chat(tok, req.messages, template=self.chat_template,
                            add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message,
                            kwargs=getattr(req, "chat_template_kwargs", None))
         add_special = req.add_special_tokens if req.add_special_tokens is not None else False
-        return self.tokenizer.encode(text, add_special_tokens=add_special)
+        return tok.encode(text, add_special_tokens=add_special)
 
-    async def chat(self, body: bytes, rid: str) -> Response:
+    def _prepare_chat(self, body: bytes, tok):
         req = parse(P.ChatCompletionRequest, body)
         self._common_checks(req)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-            if not 0 <= req.top_logprobs <= 20:
-                raise bad_request("top_logprobs: must be in [0, 20]", "top_logprobs")
-        ids = self.chat_prompt_ids(req)
+            top_max = self.engine.limits.max_logprobs
+            if req.top_logprobs > top_max:
+                raise bad_request(f"top_logprobs: must be in [0, {top_max}] (--max-logprobs)",
+                                  "top_logprobs")
+        ids = self.chat_prompt_ids(req, tok)
         if not ids:
             raise bad_request("messages: the rendered prompt is empty", "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
@@ -275,6 +303,10 @@ class OpenAIServing:
         check_context(len(ids), max_tokens, self.max_model_len)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = P.sampling_params(req, self.defaults, max_tokens=max_tokens, logprobs=top)
+        return req, ids, top, params
+
+    async def chat(self, body: bytes, rid: str) -> Response:
+        req, ids, top, params = await self.prepared(self._prepare_chat, body)
         self._log_received(rid, "chat", [ids], [m.content for m in req.messages], params,
                            req.stream)
         t0 = time.time()
@@ -330,27 +362,31 @@ class OpenAIServing:
         return streaming_response(events())
 
     # -- tokenizer endpoints -----------------------------------------------------------
-    def tokenize(self, body: bytes) -> Response:
+    def _tokenize(self, body: bytes, tok) -> dict:
         req = parse(P.TokenizeRequest, body)
         self.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
         if req.prompt is not None:
             add = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
+            ids = tok.encode(req.prompt, add_special_tokens=add)
         else:
-            ids = self.chat_prompt_ids(req)
-        body_out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
-                    "token_strs": self.tokenizer.convert_ids_to_tokens(ids)
-                    if req.return_token_strs else None}
-        return json_response(body_out)
+            ids = self.chat_prompt_ids(req, tok)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                "token_strs": tok.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 
-    def detokenize(self, body: bytes) -> Response:
+    async def tokenize(self, body: bytes, rid: str) -> Response:
+        return json_response(await self.prepared(self._tokenize, body))
+
+    def _detokenize(self, body: bytes, tok) -> dict:
         req = parse(P.DetokenizeRequest, body)
         self.check_model(req.model)
-        if any(t < 0 or t >= self.vocab_size for t in req.tokens):
+        if any(t >= self.vocab_size for t in req.tokens):
             raise bad_request(f"tokens: ids must be in [0, {self.vocab_size})", "tokens")
-        return json_response({"prompt": self.tokenizer.decode(req.tokens)})
+        return {"prompt": tok.decode(req.tokens)}
+
+    async def detokenize(self, body: bytes, rid: str) -> Response:
+        return json_response(await self.prepared(self._detokenize, body))
 
     def models(self) -> Response:
         card = P.model_card(self.served_model_name, self.model_root, self.max_model_len,

@@ -153,11 +153,11 @@ class AsyncEngine:
 
     def __init__(self, core, ready: CoreReady, tokenizer, *, max_num_queued_requests: int = 1024,
                  queue_timeout: float | None = None, listener: StepListener | None = None,
-                 dead_exit_delay: float = 3.0) -> None:
+                 dead_exit_delay: float = 3.0, max_logprobs: int = 20) -> None:
         self.core = core
         self.info = ready
         self.limits = EngineLimits(ready.max_model_len, ready.vocab_size, ready.num_blocks,
-                                   ready.block_size)
+                                   ready.block_size, max_logprobs)
         self.processor = OutputProcessor(tokenizer)
         self.max_num_queued_requests = max_num_queued_requests
         self.queue_timeout = queue_timeout

@@ -218,6 +218,7 @@ class EngineCore:
         """Stage the step's inputs and queue its forward. Rows whose per-request host
         work fails are taken out of the step and failed alone."""
         if faults.active:
+            faults.check_stall([s.request.request_id for s in sched.scheduled])
             faults.check_fatal(s.request.request_id for s in sched.scheduled)
             self._drop_faulty(sched, out, "preparing")
             if sched.is_empty:

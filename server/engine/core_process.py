@@ -27,7 +27,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import msgspec
@@ -91,7 +90,7 @@ def core_main(config: EngineConfig, model_dir: str, eos_token_ids: tuple[int, ..
             log.error("CUDA out of memory while starting the engine: %s", e)
             send(CoreError("oom", f"CUDA out of memory while starting: {e}"))
             _exit(ctx, CUDA_OOM_EXIT_CODE)
-        log.error("engine core failed to start:\n%s", traceback.format_exc())
+        log.error("engine core failed to start", exc_info=True)
         send(CoreError("startup", f"{type(e).__name__}: {e}"))
         _exit(ctx, 1)
     send(core.ready_info())
@@ -148,7 +147,7 @@ class CoreLoop:
                 log.error("CUDA out of memory in the engine core: %s", e)
                 self.send(CoreError("oom", f"CUDA out of memory: {e}"))
                 return CUDA_OOM_EXIT_CODE
-            log.error("engine core died:\n%s", traceback.format_exc())
+            log.error("engine core died", exc_info=True)
             self.send(CoreError("fatal", f"{type(e).__name__}: {e}"))
             return 1
 

@@ -78,8 +78,8 @@ class SamplingParams:
         need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-             f"must be in [0, 20], got {self.logprobs}")
+        need(self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"must be >= 0, got {self.logprobs}")
         need(all(isinstance(s, str) for s in self.stop_strings), "stop", "must be strings")
         need(self.stop_token_ids is None or all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids", "must be non-negative integers")
