@@ -15,9 +15,10 @@ Fields read (chat and completions alike, as vLLM does):
   `structured_outputs` field of the same meaning (one notice in the log per name).
 
 Every problem is a 400 naming the field: a wrong type, an unknown key, two constraints
-at once, an invalid JSON Schema (checked against its metaschema), a schema keyword that
-xgrammar would silently drop (`json_schema_support.py`), a regex or grammar that does
-not parse, and what xgrammar has no way to do (`whitespace_pattern`,
+at once, an invalid JSON Schema (checked against its metaschema by jsonschema-rs: a
+millisecond where pure-Python jsonschema takes seconds on a large schema), a schema
+keyword that xgrammar would silently drop (`json_schema_support.py`), a regex or grammar
+that does not parse, and what xgrammar has no way to do (`whitespace_pattern`,
 `structural_tag`). Checks are cached by spec, so a schema sent by every request is
 checked once.
 """
@@ -30,6 +31,8 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import jsonschema_rs
 
 from pagefleet.server.api.errors import bad_request
 from pagefleet.server.api.json_schema_support import unsupported_feature
@@ -45,6 +48,10 @@ LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choi
           "guided_grammar": "grammar"}
 LEGACY_OPTIONS = ("guided_decoding_backend", "guided_whitespace_pattern")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+KNOWN_DIALECTS = frozenset({
+    "http://json-schema.org/draft-04/schema", "http://json-schema.org/draft-06/schema",
+    "http://json-schema.org/draft-07/schema", "http://json-schema.org/draft/2019-09/schema",
+    "http://json-schema.org/draft/2020-12/schema"})
 KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex",
               "choice": "choice", "ebnf": "EBNF grammar", "lark": "Lark grammar"}
 _noticed: set[str] = set()
@@ -243,14 +250,20 @@ def spec_problem(spec: GrammarSpec) -> str | None:
 
 
 def _schema_problem(schema: dict) -> str | None:
-    import jsonschema
-
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    dialect = schema.get("$schema")
+    if dialect is not None and (not isinstance(dialect, str)
+                                or dialect.rstrip("#").replace("https:", "http:")
+                                not in KNOWN_DIALECTS):
+        # Checked first: an unknown metaschema URI would be fetched over the network.
+        return (f"unsupported $schema {dialect!r} (one of JSON Schema draft-04, -06, -07, "
+                "2019-09, 2020-12, or leave it out for 2020-12)")
     try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "#" + "".join(f"/{p}" for p in exc.path)
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        where = "#" + "".join(f"/{p}" for p in exc.instance_path)
         return f"invalid JSON schema: {exc.message} (at {where})"
+    except jsonschema_rs.ReferencingError as exc:
+        return f"invalid JSON schema: {str(exc).splitlines()[0]}"
     unsupported = unsupported_feature(schema)
     if unsupported is not None:
         return f"structured outputs cannot enforce {unsupported}"

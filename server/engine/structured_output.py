@@ -147,7 +147,7 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int
     logits width, often larger than `len(tokenizer)`: the padded ids are never
     allowed). `stop_token_ids` are the model's EOS ids (generation_config's list):
     what a finished grammar allows."""
-    stops = sorted(set(int(t) for t in stop_token_ids))
+    stops = sorted({int(t) for t in stop_token_ids})
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stops or None)
 
@@ -213,7 +213,7 @@ class GrammarCompiler:
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
             return self._xgr.compile_grammar(parse_grammar(spec, self.tokenizer_info))
-        except Exception as exc:   # noqa: BLE001 - xgrammar raises RuntimeError/ValueError
+        except Exception as exc:   # xgrammar raises RuntimeError, ValueError, TypeError
             raise GrammarCompileError(f"{spec.kind} did not compile: {exc}") from exc
 
     def _forget_failure(self, spec: GrammarSpec, fut: Future) -> None:
@@ -376,6 +376,7 @@ class BitmaskBuffers:
             self._dev_rows = torch.empty(max_rows, dtype=torch.int32, device=self.device)
             self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
+        self.waits = 0
 
     def stage(self, rows_and_states: Sequence[tuple[int, StructuredState]]
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -384,8 +385,13 @@ class BitmaskBuffers:
         memory, ordered on the current stream before the sampler's kernels."""
         k = self._turn
         self._turn ^= 1
-        if self.device.type == "cuda" and self._events[k] is not None:
-            self._events[k].synchronize()   # the copy from two steps ago: long done
+        event = self._events[k] if self.device.type == "cuda" else None
+        if event is not None and not event.query():
+            # The copy from two steps ago is still in flight: never seen when the
+            # engine reads each step's tokens before filling the next (it has then
+            # waited for that stream past this copy); counted so a GPU run can show it.
+            self.waits += 1
+            event.synchronize()
         host, host_rows = self._host[k], self._host_rows[k]
         rows = fill(rows_and_states, host, threads=self.fill_threads)
         n = len(rows)

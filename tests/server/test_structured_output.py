@@ -24,17 +24,17 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import xgrammar as xgr  # noqa: E402
+import xgrammar as xgr
 
-from pagefleet.server.api.errors import APIError  # noqa: E402
-from pagefleet.server.api.json_schema_support import unsupported_feature  # noqa: E402
-from pagefleet.server.api.structured_outputs import (grammar_spec_from_request,  # noqa: E402
+from pagefleet.server.api.errors import APIError
+from pagefleet.server.api.json_schema_support import unsupported_feature
+from pagefleet.server.api.structured_outputs import (grammar_spec_from_request,
                                                      spec_problem)
-from pagefleet.server.engine import structured_output as so  # noqa: E402
-from pagefleet.server.engine.structured_output import (BitmaskBuffers,  # noqa: E402
+from pagefleet.server.engine import structured_output as so
+from pagefleet.server.engine.structured_output import (BitmaskBuffers,
                                                        GrammarCompileError, GrammarSpec,
                                                        GrammarStatus, StructuredState)
-from pagefleet.server.ops import bitmask as bitmask_ops  # noqa: E402
+from pagefleet.server.ops import bitmask as bitmask_ops
 
 PAD_VOCAB = 40      # model vocab larger than the tokenizer, as real checkpoints have it
 
@@ -517,6 +517,8 @@ INVALID = [
     (rf_schema({"type": "integer", "minimum": 5, "maximum": 3}), SCHEMA_PARAM,
      "minimum greater than maximum"),
     (rf_schema({"$ref": "#/$defs/Missing"}), SCHEMA_PARAM, "Missing"),
+    (rf_schema({"$schema": "http://example.com/my-meta", "type": "object"}), SCHEMA_PARAM,
+     "unsupported $schema"),
     (rf_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
      SCHEMA_PARAM, "cannot enforce `uniqueItems` (at #)"),
     (rf_schema({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a",
@@ -732,7 +734,7 @@ def test_length_bounded_strings_are_strict_json(char_compiler):
     """xgrammar's own minLength/maxLength path lets raw control characters into the
     string (mlc-ai/xgrammar#800); ours rewrites it as a pattern and does not. When the
     first assertion fails, xgrammar is fixed: drop `xgrammar_workarounds.py`."""
-    vocab, comp = char_compiler
+    _, comp = char_compiler
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 6}},
               "required": ["s"]}
     raw = comp.compile_json_schema(json.dumps(schema), any_whitespace=False)
