@@ -40,7 +40,7 @@ from pagefleet.server.engine.structured_output import GrammarSpec, parse_grammar
 
 log = logging.getLogger("pagefleet.api")
 
-MAX_SPEC_CHARS = 1 << 20          # a schema, regex, grammar or choice list: 1 MiB of text
+MAX_SPEC_CHARS = 1 << 18          # a schema, regex, grammar or choice list: 256 KiB of text
 SO_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 SO_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback",
               "whitespace_pattern")

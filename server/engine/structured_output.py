@@ -208,7 +208,8 @@ class GrammarCompiler:
     def is_ready(self, spec: GrammarSpec) -> bool:
         with self._lock:
             fut = self._cache.get(spec)
-        return fut is not None and fut.done() and fut.exception() is None
+        return (fut is not None and fut.done() and not fut.cancelled()
+                and fut.exception() is None)
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
@@ -234,7 +235,8 @@ def grammar_status(fut: Future, waited_s: float, timeout_s: float | None) -> Gra
     future's error or a timeout message (a compile cannot be interrupted; its thread
     finishes on its own and the result is still cached for later requests)."""
     if fut.done():
-        return GrammarStatus.FAILED if fut.exception() is not None else GrammarStatus.READY
+        failed = fut.cancelled() or fut.exception() is not None
+        return GrammarStatus.FAILED if failed else GrammarStatus.READY
     if timeout_s is not None and waited_s >= timeout_s:
         return GrammarStatus.TIMED_OUT
     return GrammarStatus.WAITING

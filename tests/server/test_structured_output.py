@@ -477,6 +477,9 @@ def test_grammar_status():
     failed: Future = Future()
     failed.set_exception(GrammarCompileError("x"))
     assert so.grammar_status(failed, 0.0, 30.0) is GrammarStatus.FAILED
+    cancelled: Future = Future()
+    cancelled.cancel()
+    assert so.grammar_status(cancelled, 0.0, 30.0) is GrammarStatus.FAILED
 
 
 def test_grammar_syntax_detection():
@@ -564,6 +567,8 @@ INVALID = [
     ({"guided_json": {}, "guided_whitespace_pattern": r"\s*"}, "guided_whitespace_pattern",
      "not supported"),
     ({"guided_json": {}, "guided_decoding_backend": 3}, "guided_decoding_backend", "string"),
+    ({"structured_outputs": {"regex": "a" * (1 << 18) + "b"}}, "structured_outputs.regex",
+     "too large"),
 ]
 
 
