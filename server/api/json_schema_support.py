@@ -12,7 +12,8 @@ test instead of staying refused):
   `if`/`then`/`else`, `dependentRequired`/`dependentSchemas`/`dependencies`,
   `multipleOf` on non-integers, `allOf` with more than one subschema, a required name
   missing from `properties`, `minLength`/`maxLength` beside `pattern` or `format`,
-  constraints beside `$ref`, constraints beside `enum`/`const`.
+  constraints beside `$ref`, constraints beside `enum`/`const`; and a `pattern` (or a
+  `patternProperties` key) with an escape xgrammar would misread (`regex_support.py`).
 - enforced (accepted): type (and lists of types), properties/required,
   additionalProperties (false by default: strict, as OpenAI's strict mode), enum,
   const, anyOf, oneOf (as anyOf: the output matches at least one branch), a single
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+from pagefleet.server.api.regex_support import regex_problem
 
 # Keywords that describe and never constrain.
 ANNOTATIONS = frozenset({
@@ -92,6 +95,13 @@ def _refusal(schema: dict) -> str | None:
             extra = _constraints(schema, allow=frozenset({key, "type"}))
             if extra:
                 return f"`{extra[0]}` beside `{key}`"
+    patterns = [schema["pattern"]] if isinstance(schema.get("pattern"), str) else []
+    if isinstance(schema.get("patternProperties"), dict):
+        patterns += list(schema["patternProperties"])
+    for pattern in patterns:
+        problem = regex_problem(pattern)
+        if problem is not None:
+            return f"the pattern {pattern!r} ({problem})"
     required = schema.get("required")
     if isinstance(required, list):
         props = schema.get("properties")

@@ -18,9 +18,9 @@ Every problem is a 400 naming the field: a wrong type, an unknown key, two const
 at once, an invalid JSON Schema (checked against its metaschema by jsonschema-rs: a
 millisecond where pure-Python jsonschema takes seconds on a large schema), a schema
 keyword that xgrammar would silently drop (`json_schema_support.py`), a regex or grammar
-that does not parse, and what xgrammar has no way to do (`whitespace_pattern`,
-`structural_tag`). Checks are cached by spec, so a schema sent by every request is
-checked once.
+that does not parse, a regex escape xgrammar would misread (`regex_support.py`), and
+what xgrammar has no way to do (`whitespace_pattern`, `structural_tag`). Checks are
+cached by spec, so a schema sent by every request is checked once.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import jsonschema_rs
 
 from pagefleet.server.api.errors import bad_request
 from pagefleet.server.api.json_schema_support import unsupported_feature
+from pagefleet.server.api.regex_support import regex_problem
 from pagefleet.server.engine.structured_output import GrammarSpec, parse_grammar
 
 log = logging.getLogger("pagefleet.api")
@@ -241,6 +242,8 @@ def spec_problem(spec: GrammarSpec) -> str | None:
         problem = _schema_problem(json.loads(spec.text))
         if problem is not None:
             return problem
+    if spec.kind == "regex" and (problem := regex_problem(spec.text)) is not None:
+        return f"invalid regex: {problem}"
     try:
         parse_grammar(spec)
     except (RuntimeError, ValueError, TypeError) as exc:

@@ -537,6 +537,15 @@ INVALID = [
      "invalid regex"),
     ({"structured_outputs": {"regex": r"(a)\1"}}, "structured_outputs.regex",
      "Backreference"),
+    ({"structured_outputs": {"regex": r"\A[a-z]+\Z"}}, "structured_outputs.regex",
+     r"the escape \A at position 0 is not supported"),
+    ({"guided_regex": r"[\d\h]+"}, "guided_regex", r"the escape \h at position 3"),
+    ({"structured_outputs": {"regex": r"\xZZ"}}, "structured_outputs.regex",
+     "needs two hex digits"),
+    (rf_schema({"type": "string", "pattern": r"^\w+\Z"}), SCHEMA_PARAM,
+     r"cannot enforce the pattern '^\\w+\\Z' (the escape \Z at position 4"),
+    (rf_schema({"type": "object", "patternProperties": {r"^\Qx": {"type": "integer"}}}),
+     SCHEMA_PARAM, r"the escape \Q"),
     ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex", "non-empty"),
     ({"structured_outputs": {"regex": 5}}, "structured_outputs.regex", "non-empty string"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty list"),
@@ -596,6 +605,8 @@ def test_valid_request_fields():
     assert grammar_spec_from_request({"guided_json": s,
                                       "guided_decoding_backend": "outlines"}) == want
     assert grammar_spec_from_request({"guided_regex": "a+"}) == GrammarSpec.regex("a+")
+    for ok in (r"[\b\d]\x41\u0041\.\\\/", r"\w+\s\S\W\D\0\t\n\r\f\v"):
+        assert grammar_spec_from_request({"structured_outputs": {"regex": ok}}).text == ok
     assert grammar_spec_from_request({"structured_outputs": {
         "json_object": True, "disable_any_whitespace": True, "disable_fallback": True,
         "disable_additional_properties": True}}) == GrammarSpec.json_object(False)
