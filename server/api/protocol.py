@@ -75,6 +75,29 @@ class _SamplingFields(_Base):
     priority: Int64 = 0
     request_id: str | None = Field(None, max_length=256)
     user: str | None = None            # accepted and ignored, as vLLM does
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    prompt_logprobs: Count | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    # Structured outputs: checked at the edge by structured_outputs.py, which also
+    # takes vLLM's older guided_* names (never silently ignored).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+
+    def structured_fields(self) -> dict:
+        return {k: getattr(self, k) for k in STRUCTURED_FIELDS}
+
+
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar", "guided_decoding_backend",
+                     "guided_whitespace_pattern")
 
 
 class CompletionRequest(_SamplingFields):
@@ -83,7 +106,6 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: Count | None = None
     suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
 
 
 class ChatMessage(_Base):
@@ -111,6 +133,9 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = True
 
 
 class TokenizeRequest(_Base):
@@ -138,7 +163,7 @@ def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | N
         return defaults.get(name, VLLM_SAMPLING_DEFAULTS[name])
 
     return SamplingParams(
-        n=req.n, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
+        n=1, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
         min_p=pick("min_p"), repetition_penalty=pick("repetition_penalty"),
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,

@@ -95,6 +95,7 @@ class RequestStream:
     _ids: list[int] = field(default_factory=list)
     _logprobs: list | None = None
     _last: RequestOutput | None = None
+    _prompt_logprobs: list | None = None
     _dirty: bool = False
     # Bookkeeping for metrics (event-loop side only).
     num_tokens: int = 0
@@ -113,6 +114,8 @@ class RequestStream:
             if self._logprobs is None:
                 self._logprobs = []
             self._logprobs.extend(c.logprobs)
+        if out.prompt_logprobs is not None:
+            self._prompt_logprobs = out.prompt_logprobs
         self._last = out
         self._dirty = True
 
@@ -128,8 +131,9 @@ class RequestStream:
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                   logprobs=self._logprobs, cumulative_logprob=c.cumulative_logprob)
         self._text, self._ids, self._logprobs, self._dirty = [], [], None, False
+        prompt_lps, self._prompt_logprobs = self._prompt_logprobs, None
         return RequestOutput(last.request_id, last.prompt, last.prompt_token_ids, [merged],
-                             last.finished, last.num_cached_tokens)
+                             last.finished, last.num_cached_tokens, prompt_logprobs=prompt_lps)
 
 
 class StepListener:

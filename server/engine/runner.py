@@ -347,11 +347,23 @@ class ModelRunner:
         cu = [0]
         a = n_dec
         max_q = 1
+        pl_rows: list[int] = []
+        pl_targets: list[int] = []
+        pl_segments: list[tuple] = []
+        pl_top = 0
         for i in range(n_dec, n_rows):
             s = rows[i]
             r = s.request
             start, n = r.num_computed_tokens, s.num_new_tokens
             b = a + n
+            if r.params.prompt_logprobs is not None:
+                # Logprob of prompt token p+1 at row p, for the prompt positions here.
+                last = min(start + n, r.num_prompt_tokens - 1)
+                if last > start:
+                    pl_rows.extend(range(a, a + last - start))
+                    pl_targets.extend(r.all_token_ids[start + 1:last + 1])
+                    pl_segments.append((r, start + 1, last - start))
+                    pl_top = max(pl_top, r.params.prompt_logprobs)
             ids[a:b] = r.all_token_ids[start:start + n]
             p = np.arange(start, start + n)
             pos[a:b] = p
@@ -390,10 +402,14 @@ class ModelRunner:
         upd_h = st.put("i64", [upd_slot, upd_col, upd_blk], 3, len(upd_slot)) if upd_slot else None
         cu_h = st.put("i64", cu) if n_rows > n_dec else None
         rows_h = st.put("i64", sample_rows)
+        pl = None
+        if pl_rows:
+            pl = PromptLogprobRows(st.put("i64", pl_rows), st.put("i64", pl_targets),
+                                   len(pl_rows), pl_top, pl_segments)
         for slot, table, size in changed:
             bt_src[slot], bt_len[slot] = table, size
         return StagedStep(tok_h, row_h, upd_h, cu_h, rows_h, n_tok, n_rows, n_dec, max_q,
-                          len(sample_rows), padded, width_blocks)
+                          len(sample_rows), padded, width_blocks, pl)
 
     def _padded_size(self, sched: SchedulerOutput) -> int:
         """The captured batch size for a pure-decode step, or 0 (eager, unpadded)."""
@@ -432,6 +448,8 @@ class ModelRunner:
             max_query_len=step.max_query_len, num_decodes=step.num_decodes)
         self.last_prepare_s = time.perf_counter() - t0
         hidden = self.model(ids, meta)
+        if step.prompt_logprobs is not None:
+            step.prompt_logprobs.compute(self.model, hidden, st)
         if step.num_samples == 0:
             return torch.empty(0, self.model_cfg.vocab_size, device=self.device)
         if step.num_samples == step.num_tokens:
@@ -532,6 +550,63 @@ def context_buckets(max_model_len: int, block_size: int) -> list[int]:
     return [-(-t // block_size) for t in widths]
 
 
+class PromptLogprobRows:
+    """Prompt logprobs asked for in one step: which hidden rows, which target tokens,
+    and (after `compute`) the results on their way to the host. Logits are computed in
+    slices of PROMPT_LOGPROB_SLICE rows, so a long prompt never holds a
+    [tokens, vocab] tensor."""
+
+    def __init__(self, rows_h: int, targets_h: int, count: int, top: int,
+                 segments: list[tuple]) -> None:
+        self.rows_h, self.targets_h, self.count, self.top = rows_h, targets_h, count, top
+        self.segments = segments        # (request, first prompt position, count)
+        self.host: tuple | None = None
+
+    @torch.inference_mode()
+    def compute(self, model, hidden: torch.Tensor, staging: Staging) -> None:
+        rows, targets = staging.get(self.rows_h), staging.get(self.targets_h)
+        k = self.top
+        dev = hidden.device
+        chosen = torch.empty(self.count, device=dev)
+        ranks = torch.empty(self.count, dtype=torch.long, device=dev)
+        top_v = torch.empty(self.count, k, device=dev)
+        top_i = torch.empty(self.count, k, dtype=torch.long, device=dev)
+        for j in range(0, self.count, PROMPT_LOGPROB_SLICE):
+            sl = slice(j, min(j + PROMPT_LOGPROB_SLICE, self.count))
+            lp = model.compute_logits(hidden.index_select(0, rows[sl])).float().log_softmax(-1)
+            c = lp.gather(1, targets[sl].unsqueeze(1))
+            chosen[sl] = c.squeeze(1)
+            ranks[sl] = (lp > c).sum(dim=-1) + 1
+            if k:
+                v, i = lp.topk(k, dim=-1)
+                top_v[sl], top_i[sl] = v, i
+        from pagefleet.server.engine.sampler import _to_host
+        self.host = tuple(_to_host(t) for t in (chosen, ranks, top_v, top_i, targets))
+        if dev.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    _event = None
+
+    def results(self):
+        """[(request, first position, Logprobs)] once the step's copies are done."""
+        from pagefleet.server.engine.protocol import Logprobs
+        if self._event is not None:
+            self._event.synchronize()
+        chosen, ranks, top_v, top_i, targets = (t.tolist() for t in self.host)
+        out, a = [], 0
+        for req, first, n in self.segments:
+            k = req.params.prompt_logprobs
+            ids = [[targets[j]] + top_i[j][:k] for j in range(a, a + n)]
+            vals = [[chosen[j]] + top_v[j][:k] for j in range(a, a + n)]
+            out.append((req, first, Logprobs(ids, vals, ranks[a:a + n])))
+            a += n
+        return out
+
+
+PROMPT_LOGPROB_SLICE = 256
+
+
 @dataclass(slots=True)
 class StagedStep:
     """Handles into the staging buffer for one step, plus the host-side shape facts."""
@@ -548,3 +623,4 @@ class StagedStep:
     num_samples: int
     padded: int
     width: int = 0          # block-table width of the decode graph (padded steps)
+    prompt_logprobs: PromptLogprobRows | None = None

@@ -285,22 +285,28 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, st: SamplerStep, staging: Staging,
-               last_tokens: torch.Tensor) -> PendingSample:
+               last_tokens: torch.Tensor, grammar: tuple | None = None) -> PendingSample:
         """Queue the sampling of one token per row; the tokens also land in
-        `last_tokens[:rows]` for the next step's pending decodes. On CUDA the logits are
-        consumed (penalised and scaled in place)."""
+        `last_tokens[:rows]` for the next step's pending decodes. `grammar` is a
+        (bitmask, rows) pair from the structured-output requests: those rows keep only
+        the tokens their grammar allows, before anything else. The logits are consumed
+        (masked, penalised and scaled in place)."""
         self.apply_updates(st, staging)
         n = st.num_rows
         logits = logits.float()
         dev = self.device
         lp_rows = None
+        if st.want:   # logprobs are of the raw model output (vLLM's default)
+            lp_rows = logits.index_select(0, staging.get(st.want_rows))
+        if grammar is not None:
+            from pagefleet.server.engine.structured_output import apply
+
+            apply(logits, grammar[0], grammar[1])
         if st.fast_greedy:
             tokens = logits.argmax(dim=-1)
         else:
             slots = staging.get(st.slots)
             p = self.params.index_select(0, slots)
-            if st.want:   # logprobs are of the raw model output (vLLM's default)
-                lp_rows = logits.index_select(0, staging.get(st.want_rows))
             work = logits
             if st.any_penalties or st.any_random:
                 work = self._prologue(logits, slots, p, st.any_penalties)

@@ -68,9 +68,11 @@ class EngineLimits:
         if params.top_k > v:
             raise SamplingParamsError("top_k", f"must be -1 (off) or in [1, {v}] (the "
                                       f"vocabulary size), got {params.top_k}")
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise SamplingParamsError("logprobs", f"must be at most {self.max_logprobs} "
-                                      f"(--max-logprobs), got {params.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > self.max_logprobs:
+                raise SamplingParamsError(name, f"must be at most {self.max_logprobs} "
+                                          f"(--max-logprobs), got {n}")
         if params.stop_token_ids and any(t >= v for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"ids must be < {v}")
         if params.min_tokens > self.max_model_len:
