@@ -99,8 +99,8 @@ class EngineConfig:
              "must be fcfs or priority")
         need(self.tensor_parallel_size == 1, "tensor-parallel-size",
              "pagefleet runs one GPU per replica; scale out with replicas")
-        need(self.quantization is None, "quantization",
-             "quantized weights are not supported yet")
+        need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+             "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
         if self.dtype == "half":
             self.dtype = "float16"
 
