@@ -77,16 +77,24 @@ def quantize_fp8_per_token(x: torch.Tensor, input_scale: torch.Tensor | None = N
     return q, scale.contiguous()
 
 
-def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                    block: tuple[int, int], input_scale: torch.Tensor | None = None,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    """fp8 activations x fp8 weights, float32 accumulation, scales applied after."""
-    q, a_scale = quantize_fp8_per_token(x, input_scale)
+def fp8_gemm_a8(q: torch.Tensor, a_scale: torch.Tensor, weight: torch.Tensor,
+                weight_scale: torch.Tensor, block: tuple[int, int], bias: torch.Tensor | None,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 activations `q` (row scales `a_scale [M, 1]`) x fp8 weights, float32
+    accumulation, scales applied after."""
     w = fp8_dequantize(weight, weight_scale, block, torch.float32)
     out = (q.to(torch.float32) @ w.t()) * a_scale
     if bias is not None:
         out = out + bias.to(torch.float32)
-    return out.to(x.dtype)
+    return out.to(out_dtype)
+
+
+def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    block: tuple[int, int], input_scale: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8 activations (per token, or the static scale) x fp8 weights."""
+    q, a_scale = quantize_fp8_per_token(x, input_scale)
+    return fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, x.dtype)
 
 
 def quantize_fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
