@@ -61,12 +61,15 @@ class GPTQLinearMethod(Int4Method):
             (torch.arange(k) // g).to(torch.int32), input_dim=0, required=False,
             weight_loader=self._g_idx_loader(layer)))
         layer.gptq_group = g
+        layer.gptq_local_groups = groups_in
 
     @staticmethod
     def _g_idx_loader(layer):
         def load(param, loaded, spec: ShardSpec, name: str) -> None:
             _, src = narrowed(param, loaded, spec, name)
             src = src.to(param.device, torch.int32)
+            if layer.gptq_local_groups:   # this rank's scales start at its first group
+                src = src - spec.in_start // layer.gptq_group
             if layer.loaded_shards("g_idx") and not torch.equal(src, param.data):
                 raise WeightLoadError(f"{name}: the fused parts of {layer.prefix} have "
                                       "different act-order g_idx; they must share one order")
