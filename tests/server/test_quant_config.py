@@ -109,3 +109,18 @@ def test_gptq_config_read_from_quantize_config_json(ckpts, tmp_path):
     assert start(d, None).engine.runner.model.quant.name == "gptq"
     with pytest.raises(ConfigError, match="GPTQ 4-bit checkpoint"):
         start(d, "awq")
+
+
+def test_serve_cli_refuses_a_mismatched_flag(ckpts):
+    """The real `pagefleet serve` process: exit code 2 and the message on stderr, before
+    anything listens."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("pagefleet")
+    proc = subprocess.run([str(exe), "serve", str(ckpts["awq"]), "--quantization", "gptq",
+                           "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--quantization gptq does not match" in proc.stderr
+    assert "AWQ 4-bit checkpoint" in proc.stderr

@@ -63,8 +63,10 @@ def resolve_quantization(model_dir: str | Path, qcfg: dict | None, flag: str | N
             "--quantization to serve it as it is, or pass --quantization fp8 to quantize "
             "it to fp8 at load.")
     if flag is not None and flag not in ckpt.flags:
+        what = ckpt.describe()
+        article = "an" if what[0] in "AFf" else "a"    # an AWQ / an FP8 / a GPTQ
         raise ConfigError(
-            f"--quantization {flag} does not match the checkpoint in {model_dir}: it is a "
-            f"{ckpt.describe()}. Omit --quantization to use the checkpoint's own format "
+            f"--quantization {flag} does not match the checkpoint in {model_dir}: it is "
+            f"{article} {what}. Omit --quantization to use the checkpoint's own format "
             f"(or pass --quantization {ckpt.flags[0]}).")
     return ckpt
