@@ -1,9 +1,9 @@
 """4-bit packing of the on-disk formats, and of the kernels' own layout.
 
-Pure tensor functions, shared by the loader (checkpoint -> kernel layout) and the
-quantizer (`pagefleet.server.testing_quant`); it sits in ops/ because the twins read its layout too. The on-disk layouts, as AutoAWQ and
-GPTQModel write them (checked against their code; the tests re-derive each word with
-a transcription of the original packing loops):
+Pure tensor functions, shared by the loader (checkpoint -> kernel layout), the torch
+twins (which read the kernels' layout) and the quantizer (`pagefleet.server.testing_quant`).
+The on-disk layouts, as AutoAWQ and GPTQModel write them (checked against their code;
+the tests re-derive each word with a transcription of the original packing loops):
 
 - AWQ (GEMM): `qweight` int32 `[K, N // 8]`, packed along the output dimension; word
   `[k, j]` holds output columns `8j .. 8j+7`, nibble `i` (bits `4i .. 4i+3`) holding

@@ -93,10 +93,20 @@ def _group_block(block_k: int, group: int, k: int) -> int:
     return block_k if group % block_k == 0 else 0
 
 
+def _out_buffer(splits: int, m: int, n: int, x: torch.Tensor, dtype: torch.dtype,
+                bias) -> tuple[torch.Tensor, bool]:
+    """One split: the output itself (the kernel adds the bias and rounds once); several:
+    float32 partial sums, reduced by `_finish`."""
+    if splits == 1:
+        return torch.empty(1, m, n, device=x.device, dtype=dtype), bias is not None
+    return torch.empty(splits, m, n, device=x.device, dtype=torch.float32), False
+
+
 def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
-    """Sum the K splits (float32) and add the bias, in the output dtype."""
-    if splits > 1:
-        out = out.sum(0)
+    """The output: split 0 as is, or the sum of the K splits plus the bias."""
+    if splits == 1:
+        return out[0]
+    out = out.sum(0)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out.to(dtype)
@@ -115,9 +125,9 @@ def _dot(a, b, F32: tl.constexpr):
 # -- w4a16 ----------------------------------------------------------------------------------
 
 @triton.jit
-def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stride_os,
-                    stride_om, group_size, k_per_split,
-                    HAS_ZERO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
+                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
@@ -149,14 +159,16 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, strid
         else:
             acc += (part - 8.0 * xs[:, None]) * s[None, :]
     out = tl.sum(acc, axis=0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
-             out, mask=n_mask)
+             out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
-def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_os,
-                    stride_om, group_size, k_per_split,
-                    HAS_ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_os,
+                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, F32: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -184,8 +196,11 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, st
             z = tl.full((BLOCK_N,), 8.0, tl.float32)
         w = ((q - z[None, :]) * s[None, :]).to(a.dtype)
         acc += _dot(a, w, F32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
-             + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -202,33 +217,35 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return twin.w4a16_linear(x, qweight, scales, zeros, group_size, bias)
     x = x.contiguous()
     zp = zeros if zeros is not None else scales
+    bp = bias if bias is not None else scales
     if gemv:
         bn = cfg["gemv_block_n"]
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
-            x, qweight, scales, zp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
-            group_size, per, HAS_ZERO=zeros is not None, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+            x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
+            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
         _w4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
-            x, qweight, scales, zp, out, m, n, k, x.stride(0), out.stride(0), out.stride(1),
-            group_size, per, HAS_ZERO=zeros is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            F32=_INTERPRET, num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"])
-    return _finish(out if splits > 1 else out[0], splits, bias, x.dtype)
+            x, qweight, scales, zp, bp, out, m, n, k, x.stride(0), out.stride(0), out.stride(1),
+            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, num_warps=cfg["gemm_warps"],
+            num_stages=cfg["gemm_stages"])
+    return _finish(out, splits, bias, x.dtype)
 
 
 # -- fp8 ------------------------------------------------------------------------------------
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, N, K, stride_xm, stride_ws, stride_os,
-                     stride_om, k_per_split, BN_S, BK_S,
-                     ROW_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
+                     stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
@@ -254,14 +271,17 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, N, K, stride_xm, stride_ws, 
     out = tl.sum(acc, axis=1)
     if ROW_SCALE:
         out = out * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
-             out, mask=n_mask)
+             out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, out_ptr, M, N, K, stride_xm, stride_ws,
-                     stride_os, stride_om, k_per_split, BN_S, BK_S,
-                     ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, BLOCK_M: tl.constexpr,
+def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
+                     stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
+                     ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
     """W8A8 False: x in its dtype, fp8 weights upcast (w8a16). W8A8 True: x is e4m3
     with per-row scales `as_ptr`, an fp8 x fp8 dot."""
@@ -296,8 +316,11 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, out_ptr, M, N, K, stride_xm, 
         acc = acc * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)[None, :]
     if W8A8:
         acc = acc * tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
-             + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -349,7 +372,9 @@ def _scale_layout(weight: torch.Tensor, weight_scale: torch.Tensor, block: tuple
     return row, bn_s, bk_s, bk
 
 
-def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool):
+def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool, bias,
+                dtype) -> torch.Tensor | None:
+    """The fp8 kernels' common launch; None when the scale layout does not fit a tile."""
     m, k = x.shape
     n = weight.shape[0]
     cfg = FP8_CONFIG
@@ -364,28 +389,29 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool)
         return None
     row, bn_s, bk_s, bk = lay
     ws = weight_scale.contiguous()
+    bp = bias if bias is not None else ws
     if gemv:
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
-            x, weight, ws, out, n, k, x.stride(0), ws.stride(0), out.stride(0), out.stride(1),
-            per, bn_s, bk_s, ROW_SCALE=row, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+            x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
+            out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
         warps = cfg["w8a8_warps" if w8a8 else "gemm_warps"]
         stages = cfg["w8a8_stages" if w8a8 else "gemm_stages"]
         _fp8_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
-            x, weight, ws, a_scale if a_scale is not None else ws, out, m, n, k, x.stride(0),
-            ws.stride(0), out.stride(0), out.stride(1), per, bn_s, bk_s, ROW_SCALE=row,
-            W8A8=w8a8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET,
-            num_warps=warps, num_stages=stages)
-    return out if splits > 1 else out[0], splits
+            x, weight, ws, a_scale if a_scale is not None else ws, bp, out, m, n, k,
+            x.stride(0), ws.stride(0), out.stride(0), out.stride(1), per, bn_s, bk_s,
+            ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            F32=_INTERPRET, num_warps=warps, num_stages=stages)
+    return _finish(out, splits, bias, dtype)
 
 
 def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -395,10 +421,8 @@ def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     m = x.shape[0]
     gemv = m <= FP8_CONFIG["gemv_max_m"] if gemv is None else gemv
     x = x.contiguous()
-    r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv) if m else None
-    if r is None:
-        return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias)
-    return _finish(r[0], r[1], bias, x.dtype)
+    r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype) if m else None
+    return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias) if r is None else r
 
 
 def _scaled_mm_ok(q: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -420,10 +444,10 @@ def fp8_gemm_a8(q: torch.Tensor, a_scale: torch.Tensor, weight: torch.Tensor,
         out = torch._scaled_mm(q, weight.t(), scale_a=a_scale,
                                scale_b=weight_scale.reshape(1, -1).float(), out_dtype=out_dtype)
         return out if bias is None else out + bias
-    r = _fp8_launch(q, weight, weight_scale, block, a_scale, True, False) if m else None
-    if r is None:
-        return twin.fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, out_dtype)
-    return _finish(r[0], r[1], bias, out_dtype)
+    r = _fp8_launch(q, weight, weight_scale, block, a_scale, True, False, bias, out_dtype) \
+        if m else None
+    return twin.fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, out_dtype) \
+        if r is None else r
 
 
 def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
