@@ -78,8 +78,11 @@ class EngineConfig:
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
     tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
-    quantization: str | None = opt(None, "Weight quantization method; detected from the "
-                                   "checkpoint's quantization_config when omitted.",
+    quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
+                                   "a bf16/fp16 one quantized at load), awq, gptq "
+                                   "(awq_marlin, gptq_marlin: the same). Default: the "
+                                   "checkpoint's quantization_config; a flag that does not "
+                                   "match the checkpoint is a startup error.",
                                    choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:
