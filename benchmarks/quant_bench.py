@@ -202,9 +202,10 @@ def phase_kernels(args) -> dict:
     w4_fn = lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"]))          # noqa: E731
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw)
-        for bn, bk, nw in ((128, 128, 4), (64, 128, 4), (128, 256, 4), (256, 128, 8),
-                           (64, 256, 2), (128, 64, 4))], w4_fn, (1,))
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
+        for bn, bk, nw, pps in ((128, 128, 4, 4), (64, 128, 4, 4), (128, 256, 4, 4),
+                                (256, 128, 8, 4), (64, 256, 2, 8), (128, 64, 4, 8),
+                                (128, 128, 4, 2), (64, 128, 4, 8))], w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw, gemm_stages=st)
@@ -212,9 +213,9 @@ def phase_kernels(args) -> dict:
                                (256, 64, 8, 3), (64, 128, 4, 4))], w4_fn, (16, 64, 256)))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_fp8 = sweep("fp8 gemv", tq.FP8_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw)
-        for bn, bk, nw in ((64, 128, 4), (32, 256, 4), (128, 128, 8), (64, 256, 4))],
-        fp8_fn, (1,))
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
+        for bn, bk, nw, pps in ((64, 128, 4, 4), (32, 256, 4, 4), (128, 128, 8, 4),
+                                (64, 256, 4, 8), (32, 128, 2, 8))], fp8_fn, (1,))
     tq.FP8_CONFIG.update(tuned_fp8)
     tuned_fp8.update(sweep("fp8 w8a16 gemm", tq.FP8_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw)

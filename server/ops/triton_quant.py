@@ -37,7 +37,8 @@ W4_CONFIG = {
     "gemv_block_n": 128, "gemv_block_k": 128, "gemv_warps": 4, "gemv_stages": 2,
     "gemm_block_n": 128, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
-    "target_programs": None,  # None: 2 x multiprocessor count (split-K below that)
+    "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
+    "programs_per_sm": 4,
     "max_split": 32,
 }
 FP8_CONFIG = {
@@ -50,6 +51,7 @@ FP8_CONFIG = {
     "w8a8_stages": 3,
     "gemm_block_m": None,
     "target_programs": None,
+    "programs_per_sm": 4,
     "max_split": 32,
     "act_block": 1024,
 }
@@ -67,7 +69,7 @@ def _target(device: torch.device, cfg: dict) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return 2 * _SM_COUNT[idx]
+    return cfg["programs_per_sm"] * _SM_COUNT[idx]
 
 
 def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict) -> tuple[int, int]:
@@ -103,13 +105,30 @@ def _out_buffer(splits: int, m: int, n: int, x: torch.Tensor, dtype: torch.dtype
 
 
 def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
-    """The output: split 0 as is, or the sum of the K splits plus the bias."""
+    """The output: split 0 as it is, or the K splits summed with the bias added and
+    rounded once, in one kernel (one launch more per layer, not three)."""
     if splits == 1:
         return out[0]
-    out = out.sum(0)
-    if bias is not None:
-        out = out + bias.to(out.dtype)
-    return out.to(dtype)
+    _, m, n = out.shape
+    res = torch.empty(m, n, device=out.device, dtype=dtype)
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+        out, bias if bias is not None else out, res, m * n, n, SPLITS=splits,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    return res
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + sp * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
