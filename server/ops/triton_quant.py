@@ -58,6 +58,7 @@ FP8_CONFIG = {
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _SM_COUNT: dict[int, int] = {}
+_SCALED_MM_REFUSED: set[tuple[bool, str]] = set()   # why scaled_mm was switched off
 FP8 = torch.float8_e4m3fn
 
 
@@ -460,9 +461,16 @@ def fp8_gemm_a8(q: torch.Tensor, a_scale: torch.Tensor, weight: torch.Tensor,
     use_mm = _scaled_mm_ok(q, weight, weight_scale, block, out_dtype) if scaled_mm is None \
         else scaled_mm
     if m and use_mm:
-        out = torch._scaled_mm(q, weight.t(), scale_a=a_scale,
-                               scale_b=weight_scale.reshape(1, -1).float(), out_dtype=out_dtype)
-        return out if bias is None else out + bias
+        try:
+            out = torch._scaled_mm(q, weight.t(), scale_a=a_scale,
+                                   scale_b=weight_scale.reshape(1, -1).float(),
+                                   out_dtype=out_dtype)
+            return out if bias is None else out + bias
+        except RuntimeError as e:   # a shape this torch build refuses: Triton from now on
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            _SCALED_MM_REFUSED.add((m % 16 == 0, str(e)[:200]))
+            FP8_CONFIG["scaled_mm"] = False
     r = _fp8_launch(q, weight, weight_scale, block, a_scale, True, False, bias, out_dtype) \
         if m else None
     return twin.fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, out_dtype) \
