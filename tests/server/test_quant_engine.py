@@ -34,7 +34,9 @@ CASES = {
     "awq-row": ("qwen3", dict(fmt="awq", group_size=-1), "awq_marlin"),
     "gptq-sym-g128": ("qwen2", dict(fmt="gptq", group_size=128), None),
     "gptq-asym-g128": ("qwen2", dict(fmt="gptq", group_size=128, sym=False), "gptq"),
-    "gptq-actorder-sym": ("qwen2", dict(fmt="gptq", group_size=32, desc_act=True), None),
+    # many small shards: a layer's g_idx can come in a later file than its qweight
+    "gptq-actorder-sym": ("qwen2", dict(fmt="gptq", group_size=32, desc_act=True,
+                                        shard_bytes=12 << 10), None),
     "gptq-actorder-asym": ("qwen3", dict(fmt="gptq", group_size=128, desc_act=True, sym=False), None),
     "gptq-row-v2": ("qwen2", dict(fmt="gptq", group_size=-1, sym=False,
                                   checkpoint_format="gptq_v2"), "gptq_marlin"),

@@ -28,9 +28,9 @@ class GPTQLinearMethod(Int4Method):
     name = "gptq"
 
     def __init__(self, group_size: int, desc_act: bool, v1: bool,
-                 scale_dtype: torch.dtype) -> None:
+                 scale_dtype: torch.dtype, has_g_idx: bool = True) -> None:
         self.group_size, self.desc_act, self.v1 = group_size, desc_act, v1
-        self.scale_dtype = scale_dtype
+        self.scale_dtype, self.has_g_idx = scale_dtype, has_g_idx
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        input_size, output_size, params_dtype):
@@ -58,7 +58,7 @@ class GPTQLinearMethod(Int4Method):
             torch.empty(groups, n, dtype=self.scale_dtype), output_dim=1, input_dim=in_dim,
             input_div=g))
         layer.register_parameter("g_idx", make_param(
-            (torch.arange(k) // g).to(torch.int32), input_dim=0, required=False,
+            (torch.arange(k) // g).to(torch.int32), input_dim=0, required=self.has_g_idx,
             weight_loader=self._g_idx_loader(layer)))
         layer.gptq_group = g
         layer.gptq_local_groups = groups_in
@@ -130,4 +130,7 @@ class GPTQConfig(QuantConfig):
 
     def quantized_method(self, hf_prefixes):
         dtype = self.tensor_dtype(hf_prefixes[0] + ".scales") or torch.float16
-        return GPTQLinearMethod(self.group_size, self.desc_act, self.v1, dtype)
+        # g_idx is waited for where the checkpoint has it (it may sit in a later shard);
+        # without it the groups are the plain k // G.
+        has_g_idx = all(p + ".g_idx" in self.index for p in hf_prefixes)
+        return GPTQLinearMethod(self.group_size, self.desc_act, self.v1, dtype, has_g_idx)
