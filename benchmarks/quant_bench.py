@@ -10,8 +10,9 @@ vs w4a16 at B = 1/16/64/256 and an 8192-token prefill, then the engine's decode 
                                                        # only write the AWQ checkpoint (for vLLM)
 
 The checkpoints stay in /dev/shm while the machine is warm, so a second call reuses them
-(the engine phases read the kernels phase's tuned configs from $OUT when it is the same
-folder; else they run the defaults in server/ops/triton_quant.py). Each phase's wall
+(the engine phases take the kernels phase's tuned configs from $OUT, or from
+/tmp/pagefleet-quant-tuned.json left by an earlier call, or `--tuned JSON`; else the
+defaults in server/ops/triton_quant.py). Each phase's wall
 time is in the result; the lean defaults (offline 256 x 512/256) keep the whole run
 within one 600 s call.
 
@@ -42,6 +43,7 @@ from gpu_bench import (QWEN7B, StepTimer, _engine_decode, _engine_throughput,  #
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 MODEL_DIR = Path(os.environ.get("PAGEFLEET_BENCH_MODEL", "/tmp/qwen2.5-7b-random"))
 AWQ_DIR = Path(os.environ.get("PAGEFLEET_BENCH_AWQ", "/tmp/qwen2.5-7b-random-awq"))
+TUNED_KEEP = Path("/tmp/pagefleet-quant-tuned.json")   # outlives $OUT while the machine is warm
 GiB = 1 << 30
 C = QWEN7B
 Q, KV = C["heads"] * C["head_dim"], C["kv_heads"] * C["head_dim"]
@@ -276,6 +278,7 @@ def phase_kernels(args) -> dict:
     tuned_fp8["scaled_mm"] = all(paths[m]["fp8 w8a8 scaled_mm"] <= paths[m]["fp8 w8a8 triton"]
                                  for m in (256, 8192))
     res["tuned"] = {"W4_CONFIG": tuned_w4, "FP8_CONFIG": tuned_fp8}
+    TUNED_KEEP.write_text(json.dumps(res["tuned"]))
     res["defaults"] = {"W4_CONFIG": w4_default, "FP8_CONFIG": fp8_default}
     # 4. The tuned dispatchers per batch, per decoder layer and per 28-layer step.
     tq.W4_CONFIG.update(tuned_w4)
@@ -311,10 +314,16 @@ def engine_phase(fmt: str):
         from pagefleet.server import LLM, SamplingParams
         from pagefleet.server.ops import triton_quant as tq
         from pagefleet.server.ops.triton_ops import TritonOps
-        tuned = OUT / "quant_part_kernels.json"
         res: dict = {"format": fmt}
-        if tuned.exists() and not args.no_tuned:
-            t = json.loads(tuned.read_text()).get("tuned") or {}
+        t: dict = {}
+        part = OUT / "quant_part_kernels.json"
+        if args.tuned:
+            t, res["tuned_from"] = json.loads(args.tuned), "--tuned"
+        elif part.exists() and json.loads(part.read_text()).get("tuned"):
+            t, res["tuned_from"] = json.loads(part.read_text())["tuned"], str(part)
+        elif TUNED_KEEP.exists():
+            t, res["tuned_from"] = json.loads(TUNED_KEEP.read_text()), str(TUNED_KEEP)
+        if not args.no_tuned:
             tq.W4_CONFIG.update(t.get("W4_CONFIG", {}))
             tq.FP8_CONFIG.update(t.get("FP8_CONFIG", {}))
         res["W4_CONFIG"], res["FP8_CONFIG"] = dict(tq.W4_CONFIG), dict(tq.FP8_CONFIG)
@@ -414,6 +423,8 @@ def parse(argv=None):
     ap.add_argument("--decode-steps", type=int, default=20)
     ap.add_argument("--profile-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1])
     ap.add_argument("--no-tuned", action="store_true", help="engine phases: the default configs")
+    ap.add_argument("--tuned", default="", help='engine phases: {"W4_CONFIG": {...}, '
+                    '"FP8_CONFIG": {...}} (default: the kernels phase\'s pick)')
     ap.add_argument("--timeout", type=lambda s: dict(kv.split("=") for kv in s.split(",")),
                     default={})
     return ap.parse_args(argv)
