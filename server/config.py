@@ -86,8 +86,11 @@ class EngineConfig:
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
     tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
     max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
-    quantization: str | None = opt(None, "Weight quantization method; detected from the "
-                                   "checkpoint's quantization_config when omitted.",
+    quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
+                                   "a bf16/fp16 one quantized at load), awq, gptq "
+                                   "(awq_marlin, gptq_marlin: the same). Default: the "
+                                   "checkpoint's quantization_config; a flag that does not "
+                                   "match the checkpoint is a startup error.",
                                    choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:
@@ -111,8 +114,8 @@ class EngineConfig:
         need(self.tensor_parallel_size == 1, "tensor-parallel-size",
              "pagefleet runs one GPU per replica; scale out with replicas")
         need(self.max_logprobs >= 0, "max-logprobs", "must be >= 0")
-        need(self.quantization is None, "quantization",
-             "quantized weights are not supported yet")
+        need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+             "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
         if self.dtype == "half":
             self.dtype = "float16"
 

@@ -124,8 +124,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._check_free_memory()
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
-                                                    self.ops, max_positions=max_model_len)
+                                                    self.ops, max_positions=max_model_len,
+                                                    quantization=config.quantization)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if self.model.quant_info is not None:   # the quantized size and the KV room it frees
+            log.info("%s", self.model.quant_info.log_line(self.bytes_per_block() // self.block_size))
         self._setup_step_buffers()
         self.layout: CacheLayout | None = None
 
