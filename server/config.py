@@ -20,6 +20,8 @@ DEMO_MODEL = "pagefleet-demo"
 # --gpu-memory-utilization (its OOM remediation reads the pod's last exit code).
 CUDA_OOM_EXIT_CODE = 86
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
@@ -170,7 +172,23 @@ class ServerConfig:
 
     host: str = opt("0.0.0.0", "Address to listen on.")
     port: int = opt(8000, "Port to listen on.")
-    served_model_name: str | None = opt(None, "Model name in the API (default: the model path).")
+    served_model_name: list[str] | None = opt(
+        None, "Model name(s) in the API; the first is the one responses report, the others "
+        "are accepted aliases (default: the model path).", metavar="NAME")
+    response_role: str = opt("assistant", "Role of the generated chat message.")
+    enable_auto_tool_choice: bool = opt(False, "Let the model call tools on its own "
+                                        "(tool_choice 'auto'); needs --tool-call-parser.")
+    tool_call_parser: str | None = opt(None, "How tool calls are written in the model's "
+                                       "output.", choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = opt(None, "Split <think>...</think> reasoning into "
+                                       "reasoning_content.", choices=REASONING_PARSERS)
+    enable_prompt_tokens_details: bool = opt(False, "Report usage.prompt_tokens_details "
+                                             "(cached_tokens).")
+    generation_config: str = opt("auto", "Sampling defaults: 'auto' (the model's "
+                                 "generation_config.json), 'vllm' (none: vLLM's own "
+                                 "defaults), or a folder holding a generation_config.json.")
+    override_generation_config: str | None = opt(None, "JSON object of sampling defaults "
+                                                 "that override the generation config's.")
     api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' on /v1/* "
                               "(also read from PAGEFLEET_API_KEY).")
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
@@ -189,6 +207,12 @@ class ServerConfig:
 
 
 # Flags that older vLLM releases took and that mean nothing here: accepted with a notice.
+# Older spellings vLLM users still type, mapped to ours.
+FLAG_ALIASES: dict[str, str] = {
+    "--disable-prefix-caching": "--no-enable-prefix-caching",
+    "-tp": "--tensor-parallel-size",
+}
+
 IGNORED_FLAGS: dict[str, int] = {
     "--disable-log-requests": 0,
     "--trust-remote-code": 0,

@@ -30,6 +30,7 @@ from pagefleet.server.api.stats_log import log_stats_forever
 from pagefleet.server.config import ServerConfig
 from pagefleet.server.engine.async_engine import AsyncEngine
 from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.models.config import resolve_generation_defaults
 
 log = logging.getLogger("pagefleet.api")
 
@@ -54,8 +55,12 @@ def build_app(served, server_cfg: ServerConfig, *,
               served_model_name: str | None = None, model_root: str | None = None,
               api_key: str | None = None, chat_template: str | None = None) -> FastAPI:
     engine_cfg = served.config
-    name = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
+    names = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
         str(served.model_dir)
+    names = [names] if isinstance(names, str) else list(names)
+    name = names[0]
+    defaults = resolve_generation_defaults(server_cfg.generation_config, served.model_dir,
+                                           server_cfg.override_generation_config)
     async_engine = AsyncEngine(served.core, served.ready, served.tokenizer,
                                max_num_queued_requests=server_cfg.max_num_queued_requests,
                                queue_timeout=server_cfg.queue_timeout,
@@ -66,6 +71,12 @@ def build_app(served, server_cfg: ServerConfig, *,
                             cache_dtype=engine_cfg.kv_cache_dtype,
                             gpu_memory_utilization=engine_cfg.gpu_memory_utilization)
     serving = OpenAIServing(async_engine, served, served_model_name=name,
+                            served_model_aliases=tuple(names[1:]),
+                            tool_call_parser=server_cfg.tool_call_parser,
+                            enable_auto_tool_choice=server_cfg.enable_auto_tool_choice,
+                            reasoning_parser=server_cfg.reasoning_parser,
+                            enable_prompt_tokens_details=server_cfg.enable_prompt_tokens_details,
+                            response_role=server_cfg.response_role, defaults=defaults,
                             model_root=model_root or str(served.model_dir),
                             chat_template=chat_template,
                             scheduling_policy=engine_cfg.scheduling_policy,
@@ -136,6 +147,13 @@ def build_app(served, server_cfg: ServerConfig, *,
     async def models() -> Response:
         return serving.models()
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        try:
+            return serving.model(model_id)
+        except APIError as e:
+            return error_response(e)
+
     @app.post("/tokenize", openapi_extra=body_schema(P.TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         return await run(request, serving.tokenize)
@@ -148,6 +166,11 @@ def build_app(served, server_cfg: ServerConfig, *,
     async def health() -> Response:
         # Alive engine loop -> 200, also while draining: a liveness probe failing during
         # the drain would get the pod killed before its in-flight requests finish.
+        return Response(status_code=200 if async_engine.is_alive else 503)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """SageMaker's health check, served by vLLM too: /health's answer."""
         return Response(status_code=200 if async_engine.is_alive else 503)
 
     @app.get("/version")

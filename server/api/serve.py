@@ -110,12 +110,12 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
             from pagefleet.server.testing import demo_model_path
 
             model_dir = demo_model_path()
-            served = server_cfg.served_model_name or DEMO_MODEL
+            served = server_cfg.served_model_name or [DEMO_MODEL]
             log.warning("no MODEL given: serving the built-in demo model %r (tiny, random "
                         "weights) from %s", served, model_dir)
         else:
             model_dir = resolve_model(engine_cfg.model, engine_cfg.revision)
-            served = server_cfg.served_model_name or engine_cfg.model
+            served = server_cfg.served_model_name or [engine_cfg.model]
         if engine_cfg.tokenizer:
             engine_cfg.tokenizer = str(resolve_model(engine_cfg.tokenizer, engine_cfg.revision,
                                                      what="tokenizer"))
