@@ -46,7 +46,7 @@ def test_metric_replicas(samples: list[PodSample], current: int, target: float, 
     assert metric_replicas(samples, current, target) == expected, why
 
 
-POLICY = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4, target_waiting_requests=5,
+POLICY = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4, metric="waiting", target=5,
                          scale_up_stabilization_seconds=0, scale_down_stabilization_seconds=300,
                          interval_seconds=15)
 
@@ -162,7 +162,7 @@ def test_scale_up_is_rate_limited_like_the_hpa() -> None:
     """At most max(+100%, +4 pods) per 15 s, counted from the period's start size."""
     big = AutoscalingSpec(**{**POLICY.__dict__, "max_replicas": 40, "min_replicas": 1})
     fleet = Fleet(big)
-    target = big.target_waiting_requests
+    target = big.target
     flood = 40 * target * 2                      # wants far more than 40 replicas
     assert fleet.step(0, flood) == 5             # 1 -> 1 + 4
     assert "per 15s" in fleet.reason

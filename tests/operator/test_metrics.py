@@ -97,7 +97,7 @@ async def test_sample_pods_over_real_http() -> None:
 
         pods = [loopback(good.port), loopback(garbage.port), loopback(hang_port), loopback(closed_port),
                 loopback(good.port, ready=False)]
-        samples = await sample_pods(pods, "vllm:num_requests_waiting", timeout=0.5)
+        samples = await sample_pods(pods, ("vllm:num_requests_waiting",), timeout=0.5)
         assert [(s.ready, s.value) for s in samples] == [
             (True, 6.0), (True, None), (True, None), (True, None), (False, None)]
         assert hang_started.is_set()

@@ -83,10 +83,10 @@ def test_unset_engine_fields_keep_server_defaults() -> None:
 
 
 @pytest.mark.parametrize("gpus,cpu,memory,requests,limits", [
-    (1, None, None, {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"}),
-    (2, "8", "48Gi", {"nvidia.com/gpu": "2", "cpu": "8", "memory": "48Gi"},
+    (1, None, None, {"nvidia.com/gpu": "1", "ephemeral-storage": "50Gi"}, {"nvidia.com/gpu": "1"}),
+    (2, "8", "48Gi", {"nvidia.com/gpu": "2", "cpu": "8", "memory": "48Gi", "ephemeral-storage": "50Gi"},
      {"nvidia.com/gpu": "2", "memory": "48Gi"}),
-    (0, "4", "16Gi", {"cpu": "4", "memory": "16Gi"}, {"memory": "16Gi"}),
+    (0, "4", "16Gi", {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "50Gi"}, {"memory": "16Gi"}),
 ])
 def test_resources(gpus: int, cpu: str | None, memory: str | None, requests: dict[str, str],
                    limits: dict[str, str]) -> None:
@@ -123,11 +123,15 @@ def test_model_cache_pvc_mounts_where_hf_home_points() -> None:
     mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "model-cache")
     assert mount["mountPath"] == "/cache/hf"
     assert env_of(dep)["HF_HOME"] == {"name": "HF_HOME", "value": "/cache/hf"}
-    # Default mount path, and nothing at all without a cache.
+    assert "ephemeral-storage" not in container(dep)["resources"]["requests"], "the PVC holds the weights"
+    # Default mount path; without a cache, a sized emptyDir at the image's HF_HOME.
     assert env_of(render({"modelCache": {"claimName": "c"}}))["HF_HOME"]["value"] == "/models/hf-cache"
-    bare = render({})
-    assert "HF_HOME" not in env_of(bare)
-    assert [v["name"] for v in bare["spec"]["template"]["spec"]["volumes"]] == ["dshm"]
+    bare = render({"resources": {"ephemeralStorage": "80Gi"}})
+    assert env_of(bare)["HF_HOME"]["value"] == "/models/hf-cache"
+    vols = {v["name"]: v for v in bare["spec"]["template"]["spec"]["volumes"]}
+    assert list(vols) == ["dshm", "tmp", "model-cache"]
+    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "80Gi"}}
+    assert container(bare)["resources"]["requests"]["ephemeral-storage"] == "80Gi"
 
 
 def test_api_key_comes_from_the_secret_never_from_args() -> None:
@@ -177,7 +181,7 @@ def test_rollout_never_reduces_capacity() -> None:
 
 def test_labels_selectors_and_ports_line_up() -> None:
     s = parse_spec(cr({}))
-    dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s)
+    dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s, 2)
     selector = dep["spec"]["selector"]["matchLabels"]
     template_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= template_labels.items()
@@ -198,7 +202,7 @@ def test_labels_selectors_and_ports_line_up() -> None:
 
 def test_owner_references() -> None:
     s = parse_spec(cr({}))
-    for obj in (resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s)):
+    for obj in (resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s, 1)):
         assert obj["metadata"]["ownerReferences"] == [{
             "apiVersion": "pagefleet.dev/v1alpha1", "kind": "ModelDeployment", "name": "qwen",
             "uid": UID, "controller": True, "blockOwnerDeletion": True}]

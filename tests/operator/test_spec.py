@@ -17,7 +17,7 @@ def test_defaults_match_the_crd() -> None:
     s = parse_spec(cr({"model": "org/model", "autoscaling": {"enabled": True}}))
     assert (s.served_model_name, s.image, s.replicas, s.resources.gpus) == ("org/model", DEFAULT_IMAGE, 1, 1)
     assert s.autoscaling == AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4,
-                                            target_waiting_requests=5, metric="vllm:num_requests_waiting",
+                                            metric="concurrency", target=256,
                                             scale_up_stabilization_seconds=0,
                                             scale_down_stabilization_seconds=300, interval_seconds=15)
     assert s.engine == {} and s.extra_args == ()
