@@ -45,10 +45,11 @@ def model_deployment() -> dict[str, Any]:
     spec["engine"] = {"maxModelLen": 512, "maxNumSeqs": 1, "maxNumBatchedTokens": 512,
                       "enablePrefixCaching": True,
                       "extraArgs": ["--kv-cache-memory", str(32 * 1024 * 1024), "--log-stats-interval", "2"]}
-    spec["autoscaling"].update(minReplicas=1, maxReplicas=2, targetWaitingRequests=1,
+    # Concurrency (running + waiting) per replica against one sequence per replica.
+    spec["autoscaling"].update(minReplicas=1, maxReplicas=2, metric="concurrency", target=1,
                                intervalSeconds=1, scaleUpStabilizationSeconds=0,
                                scaleDownStabilizationSeconds=8)
-    spec["resources"] = {"gpus": 0, "cpu": "500m", "memory": "1Gi"}
+    spec["resources"] = {"gpus": 0, "cpu": "500m", "memory": "1Gi", "ephemeralStorage": "1Gi"}
     return mdep
 
 

@@ -88,6 +88,9 @@ def run_operator(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
     if not args.verbose:  # one access line per liveness probe is noise
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        # ... and so is "Handler 'child_changed' succeeded" on every child status update:
+        # the operator's own log lines (pagefleet.operator) tell what it did.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = list(args.namespace)
     memo = kopf.Memo()
     me = identity()

@@ -429,6 +429,8 @@ async def safe_evaluate(kube: KubeClient, body: Mapping[str, Any], state: State,
     try:
         return await evaluate(kube, body, state, settings, pods)
     except (KubeError, Conflict, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        if settings.session is not None and settings.session.closed:
+            return 1.0  # the operator is exiting
         log.warning("%s/%s: evaluation failed: %s", body["metadata"].get("namespace"),
                     body["metadata"].get("name"), e)
         return 5.0
