@@ -195,16 +195,20 @@ def _deleting(body: Mapping[str, Any], state: State) -> bool:
 
 
 async def reconcile(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,
-                    st: Mapping[str, Any] | None = None) -> None:
+                    fresh: bool = False) -> None:
     """Make Deployment, Service and PDB match the spec. Raises KubeError/Conflict when
     the API server refused a child (after reporting it; the caller retries); reports
-    an invalid spec instead of raising. `st`: a status newer than body's."""
+    an invalid spec instead of raising. `fresh`: read the ModelDeployment anew first
+    (the caller's copy may predate a spec change, and must not roll it back)."""
     meta = body["metadata"]
     async with state.lock:
+        if fresh:
+            latest = await kube.get(cr_path(meta["namespace"], meta["name"]))
+            if latest is None:
+                return
+            body = latest
         if _deleting(body, state):
             return
-        if st is not None:
-            body = {**body, "status": st}
         try:
             spec, _ = resolve(body, settings)
         except SpecError as err:
@@ -337,7 +341,7 @@ async def evaluate(kube: KubeClient, body: Mapping[str, Any], state: State, sett
             await write_status(kube, body, new_status)
     if needs_reconcile:  # a child was deleted or edited, or the template must change
         log.info("%s/%s: children out of date, reconciling", spec.namespace, spec.name)
-        await reconcile(kube, body, state, settings, new_status)
+        await reconcile(kube, body, state, settings, fresh=True)
     return interval
 
 
@@ -379,7 +383,7 @@ async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, se
 async def _oom(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,
                spec: ModelDeploymentSpec, oom_state: oom.OOMState, pods: Sequence[Mapping[str, Any]],
                now: float) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    exits = oom.oom_exits(pods, resources.CONTAINER_NAME, status.from_iso)
+    exits = oom.oom_exits(pods, resources.CONTAINER_NAME, status.from_iso, spec.spec_hash, resources.TEMPLATE_HASH)
     result = oom.step(oom_state, exits, spec.oom, _base_gmu(spec), now)
     new = result.state
     if result.lowered:
@@ -417,7 +421,7 @@ async def repair(kube: KubeClient, body: Mapping[str, Any], state: State, settin
     what = f"{child.get('kind')} {(child.get('metadata') or {}).get('name')}"
     log.info("%s/%s: %s %s, reconciling", body["metadata"].get("namespace"), body["metadata"].get("name"),
              what, "deleted" if deleted else "edited")
-    await reconcile(kube, body, state, settings)
+    await reconcile(kube, body, state, settings, fresh=True)
     await kube.post_event(body, "Normal", "Repaired", f"{what} was {'deleted' if deleted else 'changed'} "
                           "by someone else; re-applied it", instance=settings.instance)
     return True

@@ -62,11 +62,16 @@ def _terminations(pod: Mapping[str, Any], container: str) -> list[Mapping[str, A
 
 
 def oom_exits(pods: Sequence[Mapping[str, Any]], container: str,
-              parse_time: Callable[[str], float | None]) -> list[OOMExit]:
-    """The OOM terminations the pods' container statuses show."""
+              parse_time: Callable[[str], float | None], template_hash: str | None = None,
+              hash_annotation: str = "") -> list[OOMExit]:
+    """The OOM terminations the pods' container statuses show; with `template_hash`,
+    only of pods rendered from it (pods of an older spec or level do not count)."""
     out = []
     for pod in pods:
-        name = (pod.get("metadata") or {}).get("name", "?")
+        meta = pod.get("metadata") or {}
+        if template_hash is not None and (meta.get("annotations") or {}).get(hash_annotation) != template_hash:
+            continue
+        name = meta.get("name", "?")
         for term in _terminations(pod, container):
             if term.get("exitCode") == CUDA_OOM_EXIT_CODE:
                 reason = CUDA_OOM

@@ -268,8 +268,11 @@ def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
         pod_spec["priorityClassName"] = spec.priority_class_name
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
+    # The template hash on the pods too: OOM remediation counts only the exits of pods
+    # rendered from the current spec and level.
     annotations = {**spec.pod_annotations, "prometheus.io/scrape": "true",
-                   "prometheus.io/port": str(PORT), "prometheus.io/path": METRICS_PATH}
+                   "prometheus.io/port": str(PORT), "prometheus.io/path": METRICS_PATH,
+                   TEMPLATE_HASH: spec.spec_hash}
     return {
         "metadata": {"labels": {**spec.pod_labels, **labels(spec)}, "annotations": annotations},
         "spec": pod_spec,

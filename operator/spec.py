@@ -378,11 +378,16 @@ def _check_volumes(r: _Reader, volumes: list[dict[str, Any]], mounts: list[dict[
                             f"{m['mountPath']} is where the operator mounts its own volume")
 
 
+# Spec fields that do not shape the pod template (a change of them rolls no pod).
+NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation")
+
+
 def spec_hash(spec_raw: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
     """Hash of what the pod template is rendered from: the spec without the fields
-    that only size the fleet (replicas, autoscaling), plus operator-side inputs such as
+    that do not shape it (replicas, autoscaling, disruption, OOM policy), plus
+    operator-side inputs such as
     the OOM-lowered gpuMemoryUtilization. Equal hash: the template stays as it is."""
-    data = {k: v for k, v in spec_raw.items() if k not in ("replicas", "autoscaling")}
+    data = {k: v for k, v in spec_raw.items() if k not in NOT_IN_TEMPLATE}
     blob = json.dumps({"spec": data, "extra": dict(extra or {})}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

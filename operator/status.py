@@ -185,8 +185,12 @@ def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch from old to new status: dropped keys become null."""
-    patch: dict[str, Any] = dict(new)
+    """A JSON merge patch from old to new status: keys dropped at any depth become
+    null (a merge patch merges objects, so a key left out would stay)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        prev = (old or {}).get(key)
+        patch[key] = status_patch(prev, value) if isinstance(value, Mapping) and isinstance(prev, Mapping) else value
     for key in old or {}:
         if key not in new:
             patch[key] = None

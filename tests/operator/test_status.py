@@ -105,3 +105,10 @@ def test_same_status_ignores_only_timestamps() -> None:
     assert status.same_status(a, b)
     assert not status.same_status(a, {**b, "replicas": 2})
     assert not status.same_status(None, b)
+
+
+def test_status_patch_nulls_nested_keys_that_went_away() -> None:
+    old = {"oomRemediation": {"specHash": "a", "gpuMemoryUtilization": 0.85}, "waitingRequests": 3}
+    new = {"oomRemediation": {"specHash": "b"}}
+    assert status.status_patch(old, new) == {"oomRemediation": {"specHash": "b", "gpuMemoryUtilization": None},
+                                             "waitingRequests": None}
