@@ -115,11 +115,11 @@ class Cluster:
 
     async def wait_object(self, kind: str, namespace: str, name: str,
                           check: Callable[[dict[str, Any]], bool] = lambda o: True,
-                          what: str = "") -> dict[str, Any]:
+                          what: str = "", timeout: float = POLL_TIMEOUT_S) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             obj = await self.get(kind, namespace, name)
             return obj if obj is not None and check(obj) else None
-        return await self.wait_for(probe, what or f"{kind} {namespace}/{name}")
+        return await self.wait_for(probe, what or f"{kind} {namespace}/{name}", timeout)
 
     async def wait_condition(self, namespace: str, name: str, type_: str, status: str) -> dict[str, Any]:
         def check(obj: dict[str, Any]) -> bool:
@@ -159,7 +159,8 @@ async def operator_run(cluster: Cluster, log_path: Path, *args: str,
     its liveness endpoint answers. Always terminated (then killed) on exit."""
     port = free_port()
     liveness = f"http://127.0.0.1:{port}/healthz"
-    full_env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
     full_env.pop("KUBERNETES_SERVICE_HOST", None)  # never mistake the test machine for a pod
     log = open(log_path, "wb")
     proc = await asyncio.create_subprocess_exec(
