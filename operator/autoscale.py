@@ -110,7 +110,10 @@ def stabilize(current: int, recommendation: int, history: Sequence[Recommendatio
     if replicas > down:
         replicas = down
     keep = max(up_window, down_window)
-    new_history = tuple(r for r in history if r.at > now - keep) + (Recommendation(now, recommendation),)
+    # Only the latest time of each value matters to a min/max over a window, so one
+    # entry per value is kept (a short list, cheap to keep in the status).
+    new_history = tuple(r for r in history if r.at > now - keep and r.replicas != recommendation) + (
+        Recommendation(now, recommendation),)
     return replicas, new_history
 
 
@@ -199,3 +202,23 @@ def history_from_status(st: Mapping[str, Any] | None, from_iso: Any
     if any(r.at is None for r in recs) or any(e.at is None for e in ups):
         return None
     return recs, ups
+
+
+def persisted(old: Mapping[str, Any] | None, history: Sequence[Recommendation], scale_ups: Sequence[ScaleUp],
+              now: float, refresh_s: float, to_iso: Any, from_iso: Any) -> dict[str, Any]:
+    """What to keep in status.autoscaler: the new history when its values changed or a
+    scale happened, else the old one until the current recommendation's time in it is
+    `refresh_s` old. Each evaluation would otherwise write the status just to move one
+    timestamp; a time kept up to `refresh_s` late can end a window at most that early."""
+    new = history_to_status(history, scale_ups, to_iso)
+    if not isinstance(old, Mapping) or not history:
+        return new
+    values = lambda h: sorted(int(r["replicas"]) for r in h.get("recommendations") or [])  # noqa: E731
+    if values(old) != values(new) or (old.get("scaleUps") or []) != new["scaleUps"]:
+        return new
+    latest = history[-1]
+    for r in old.get("recommendations") or []:
+        if int(r["replicas"]) == latest.replicas:
+            at = from_iso(r["time"])
+            return new if at is None or now - at >= refresh_s else dict(old)
+    return new

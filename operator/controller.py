@@ -376,8 +376,14 @@ async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, se
         state.last_scale_time = status.now_iso()
         log.info("%s/%s: %s", spec.namespace, spec.name, decision.reason)
         await kube.post_event(body, "Normal", "Scaled", decision.reason, instance=settings.instance)
-    return decision.replicas, {"_deployment": deployment, "autoscaler": autoscale.history_to_status(
-        decision.history, decision.scale_ups, status.to_iso)}
+    policy = spec.autoscaling
+    # Refresh the stored history every tenth of the shortest window (and at least
+    # every interval): a restart can then end a window at most that early.
+    windows = [w for w in (policy.scale_down_stabilization_seconds, policy.scale_up_stabilization_seconds) if w > 0]
+    refresh = max(float(policy.interval_seconds), 0.1 * min(windows)) if windows else float(policy.interval_seconds)
+    kept = autoscale.persisted((body.get("status") or {}).get("autoscaler"), decision.history,
+                               decision.scale_ups, now, refresh, status.to_iso, status.from_iso)
+    return decision.replicas, {"_deployment": deployment, "autoscaler": kept}
 
 
 async def _oom(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,

@@ -229,3 +229,16 @@ def test_history_survives_a_restart_through_the_status() -> None:
     assert history_from_status({}, st.from_iso) is None
     assert history_from_status({"autoscaler": {"recommendations": [{"time": "garbage", "replicas": 1}]}},
                                st.from_iso) is None
+
+
+def test_the_stored_history_is_refreshed_not_rewritten_every_round() -> None:
+    from pagefleet.operator import status as st
+    from pagefleet.operator.autoscale import history_to_status, persisted
+
+    h1 = (Recommendation(100.0, 3), Recommendation(110.0, 1))
+    old = history_to_status(h1, (), st.to_iso)
+    same_values = (Recommendation(100.0, 3), Recommendation(125.0, 1))
+    assert persisted(old, same_values, (), 125.0, 30.0, st.to_iso, st.from_iso) == old, "only a time moved"
+    assert persisted(old, same_values, (), 141.0, 30.0, st.to_iso, st.from_iso) != old, "refreshed after 30 s"
+    changed = (Recommendation(100.0, 3), Recommendation(125.0, 2))
+    assert persisted(old, changed, (), 125.0, 30.0, st.to_iso, st.from_iso)["recommendations"][-1]["replicas"] == 2

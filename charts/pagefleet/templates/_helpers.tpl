@@ -89,10 +89,11 @@ RBAC rules for namespaced resources: exactly the calls the operator makes
 See docs/deploy.md for the reason of each rule.
 */}}
 {{- define "pagefleet.namespacedRules" -}}
-# kopf: list+watch the ModelDeployments, patch them (finalizer, progress annotations).
+# kopf: list+watch the ModelDeployments, patch them (finalizer, progress annotations);
+# controller.reconcile(fresh=True) reads one anew before a reconcile it triggers itself.
 - apiGroups: ["pagefleet.dev"]
   resources: ["modeldeployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # controller.write_status: status subresource.
 - apiGroups: ["pagefleet.dev"]
   resources: ["modeldeployments/status"]
