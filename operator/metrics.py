@@ -130,13 +130,25 @@ class Scrape:
     error: str | None = None
 
 
+async def _get(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
+    for attempt in (1, 2):
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                return resp.status, await resp.content.read(MAX_BODY_BYTES)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # A pooled keep-alive connection the server closed just as it was reused:
+            # the GET is idempotent, so once more on a fresh connection.
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def scrape(session: aiohttp.ClientSession, url: str, names: Collection[str],
                  timeout: float = DEFAULT_TIMEOUT_S) -> Scrape:
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status != 200:
-                return Scrape(None, f"{url}: HTTP {resp.status}")
-            body = await resp.content.read(MAX_BODY_BYTES)
+        status, body = await _get(session, url, timeout)
+        if status != 200:
+            return Scrape(None, f"{url}: HTTP {status}")
     except asyncio.TimeoutError:
         return Scrape(None, f"{url}: timed out after {timeout:g}s")
     except (aiohttp.ClientError, OSError, ValueError) as e:
@@ -183,5 +195,6 @@ async def sample_pods(pods: Sequence[Mapping[str, Any]], samples: Sequence[str],
 
 
 def new_session(limit: int = 64) -> aiohttp.ClientSession:
-    """The operator's one scrape session: pooled keep-alive connections to the pods."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=120))
+    """The operator's one scrape session: pooled keep-alive connections to the pods,
+    dropped after 4 s idle (before uvicorn's 5 s keep-alive closes them server-side)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=4.0))
