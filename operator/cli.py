@@ -4,7 +4,8 @@
 `--namespace` is given (repeatable), a liveness endpoint for the Deployment's probe,
 and kopf peering (on by default) so that extra operator replicas stand by instead of
 acting twice: each replica gets a distinct priority (earliest registration highest),
-and a standby takes over within --peering-lifetime of the leader's death. `pagefleet crd` prints the CRD YAML that charts/ and manifests/ hold.
+and a standby takes over within --peering-lifetime of the leader's death.
+`pagefleet crd` prints the CRD YAML that charts/ and manifests/ hold.
 """
 
 from __future__ import annotations

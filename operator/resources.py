@@ -415,7 +415,7 @@ def is_subset(want: Any, have: Any) -> bool:
             for k, v in want.items())
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(
-            is_subset(w, h) for w, h in zip(want, have))
+            is_subset(w, h) for w, h in zip(want, have, strict=True))
     return want == have
 
 

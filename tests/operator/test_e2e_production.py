@@ -5,7 +5,6 @@ emulator lacks (pods, their statuses, /metrics servers)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,21 @@ def short_qa(name: str, **spec: Any) -> dict[str, Any]:
 
 def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return status.get_condition((obj or {}).get("status"), type_) or {}
+
+
+@pytest_asyncio.fixture(loop_scope="session", autouse=True)
+async def one_at_a_time(cluster: Cluster) -> AsyncIterator[None]:
+    """Delete each test's ModelDeployments afterwards: the emulator (and the test's
+    /metrics servers) share one event loop with the test, and a pile of fleets
+    evaluated every second would slow it down."""
+    yield
+    for (res, ns, name), obj in list(cluster.emulator.objects.items()):
+        if res.plural == crd.PLURAL and not obj.deleted:
+            await cluster.delete(KIND, ns, name)
+
+            async def gone(ns: str = ns, name: str = name) -> bool:
+                return await cluster.get(KIND, ns, name) is None
+            await cluster.wait_for(gone, f"{ns}/{name} deleted")
 
 
 async def events(cluster: Cluster, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
@@ -57,8 +71,7 @@ async def test_a_refused_child_is_degraded_and_never_reported_current(cluster: C
     assert event["type"] == "Warning" and message in event["message"]
     # Let several evaluations run (interval 1 s; the Deployment itself was applied).
     await cluster.wait_object("Deployment", ns, "qwen-short")
-    seen = len(cluster.history(KIND, ns, "qwen-short"))
-    await cluster.wait_for(lambda: _grew(cluster, ns, "qwen-short", seen, 3), "three more status writes")
+    await cluster.wait_for(evaluations(cluster, ns, "qwen-short", 3), "three more evaluations")
     for version in cluster.history(KIND, ns, "qwen-short"):
         st = version.get("status") or {}
         assert st.get("observedGeneration") != 1, "generation 1 was never fully applied"
@@ -66,8 +79,19 @@ async def test_a_refused_child_is_degraded_and_never_reported_current(cluster: C
             assert status.get_condition(st, "Degraded")["status"] == "True", st["conditions"]
 
 
-async def _grew(cluster: Cluster, ns: str, name: str, seen: int, by: int) -> bool:
-    return len(cluster.history(KIND, ns, name)) >= seen + by
+def deployment_reads(cluster: Cluster, ns: str, name: str) -> int:
+    """GETs of the Deployment: each evaluation reads it once (the status is written
+    only when something in it changed)."""
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"
+    return sum(1 for r in cluster.emulator if r.method.value == "GET" and r.url.path == path)
+
+
+def evaluations(cluster: Cluster, ns: str, name: str, n: int) -> Any:
+    start = deployment_reads(cluster, ns, name)
+
+    async def probe() -> bool:
+        return deployment_reads(cluster, ns, name) >= start + n
+    return probe
 
 
 async def test_a_name_that_is_no_service_name_gets_valid_children(cluster: Cluster, operator: str) -> None:
@@ -151,8 +175,7 @@ async def test_pods_come_from_a_watch_not_a_list_per_round(cluster: Cluster, ope
     await cluster.wait_object(KIND, ns, "qwen-short",
                               lambda o: (o.get("status") or {}).get("waitingRequests") == 2, "the pod scraped")
     lists = len(list(cluster.emulator["list v1/pods"]))
-    seen = len(cluster.history(KIND, ns, "qwen-short"))
-    await cluster.wait_for(lambda: _grew(cluster, ns, "qwen-short", seen, 3), "three more evaluations")
+    await cluster.wait_for(evaluations(cluster, ns, "qwen-short", 3), "three more evaluations")
     assert len(list(cluster.emulator["list v1/pods"])) == lists, "an evaluation listed the pods"
     md = await cluster.get(KIND, ns, "qwen-short")
     assert cond(md, "MetricsAvailable")["status"] == "True"
