@@ -243,6 +243,7 @@ async def reconcile(kube: KubeClient, body: Mapping[str, Any], state: State, set
         new = status.build_status(
             old=body.get("status"), conditions=conds + ([cache] if cache else []),
             generation=spec.generation, now=status.now_iso(), deployment=deployment,
+            drop=() if cache else ("CacheShared",),
             observedGeneration=spec.generation, desiredReplicas=replicas,
             selector=resources.selector_string(spec.child_name), endpoint=resources.endpoint(spec),
             serverImage=image, templateHash=spec.spec_hash, lastScaleTime=state.last_scale_time)

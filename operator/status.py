@@ -141,10 +141,11 @@ def conditions(*, deployment: Mapping[str, Any] | None, desired: int, failure: F
 
 def build_status(*, old: Mapping[str, Any] | None, conditions: Sequence[Mapping[str, Any]],
                  generation: int | None, now: str, deployment: Mapping[str, Any] | None = None,
-                 **fields: Any) -> dict[str, Any]:
+                 drop: Sequence[str] = (), **fields: Any) -> dict[str, Any]:
     """The whole status. `fields` set status keys (UNSET drops one); keys not given
     keep their old value. replicas/readyReplicas come from the Deployment when known.
-    Conditions of other types than `conditions` are kept (their writer owns them)."""
+    Conditions of other types than `conditions` are kept (their writer owns them),
+    except the types in `drop` (no longer meaningful)."""
     out: dict[str, Any] = {k: v for k, v in (old or {}).items() if k != "conditions"}
     if deployment is not None:
         st = deployment.get("status") or {}
@@ -156,7 +157,8 @@ def build_status(*, old: Mapping[str, Any] | None, conditions: Sequence[Mapping[
         elif value is not None:
             out[key] = _number(value) if key in ("waitingRequests", "runningRequests", "metricValue") else value
     new_types = {c["type"] for c in conditions}
-    kept = [c for c in (old or {}).get("conditions") or [] if c.get("type") not in new_types]
+    kept = [c for c in (old or {}).get("conditions") or [] if c.get("type") not in new_types
+            and c.get("type") not in drop]
     merged = merge_conditions((old or {}).get("conditions"), conditions, now, generation)
     out["conditions"] = _ordered(merged + kept)
     return out

@@ -112,3 +112,9 @@ def test_status_patch_nulls_nested_keys_that_went_away() -> None:
     new = {"oomRemediation": {"specHash": "b"}}
     assert status.status_patch(old, new) == {"oomRemediation": {"specHash": "b", "gpuMemoryUtilization": None},
                                              "waitingRequests": None}
+
+
+def test_a_condition_that_no_longer_applies_is_dropped() -> None:
+    old = {"conditions": [status.condition("CacheShared", False, "SingleNodeAccessMode", "")]}
+    new = status.build_status(old=old, generation=None, now="t", conditions=[], drop=("CacheShared",))
+    assert new["conditions"] == []
