@@ -69,7 +69,8 @@ def build_app(served, server_cfg: ServerConfig, *,
                             num_blocks=served.ready.num_blocks,
                             enable_prefix_caching=engine_cfg.enable_prefix_caching,
                             cache_dtype=engine_cfg.kv_cache_dtype,
-                            gpu_memory_utilization=engine_cfg.gpu_memory_utilization)
+                            gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
+                            max_model_len=served.max_model_len)
     serving = OpenAIServing(async_engine, served, served_model_name=name,
                             served_model_aliases=tuple(names[1:]),
                             tool_call_parser=server_cfg.tool_call_parser,

@@ -236,6 +236,7 @@ class OpenAIServing:
             for s in streams:
                 self.engine.abort(s.request_id)
             raise
+        self.engine.listener.on_request(prep.n, params.max_tokens)
         return streams
 
     def _usage(self, prep: Prepared, accs: list["Accum"]) -> dict:

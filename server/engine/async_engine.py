@@ -87,6 +87,7 @@ class RequestStream:
     arrival_time: float                      # wall clock when the API received it
     notify: asyncio.Event
     prompt_len: int = 0
+    max_tokens: int = 0
     error: BaseException | None = None
     finished: bool = False
     scheduled: bool = False
@@ -150,6 +151,9 @@ class StepListener:
 
     def on_stats(self, stats: CoreStats) -> None:
         pass
+
+    def on_request(self, n: int, max_tokens: int | None) -> None:
+        """One HTTP request admitted (all of its choices)."""
 
 
 class AsyncEngine:
@@ -263,7 +267,7 @@ class AsyncEngine:
         cr = self.limits.core_request(request_id, prompt_ids, params, priority=priority,
                                       arrival_time=arrival, prefix_leader=prefix_leader)
         stream = RequestStream(request_id, arrival, notify or asyncio.Event(),
-                               prompt_len=len(prompt_ids))
+                               prompt_len=len(prompt_ids), max_tokens=cr.params.max_tokens)
         self.processor.add(request_id, prompt, cr.prompt_token_ids, params)
         self._streams[request_id] = stream
         self.num_waiting += 1

@@ -133,10 +133,12 @@ class CoreLoop:
                         self.pending = CoreOutputs()
                     if step_out:
                         self.send(step_out)
-                    elif not step_out.stats.step_tokens:
+                    else:
                         time.sleep(0.001)   # nothing could run this step: don't spin hot
                 elif self.pending:
-                    self.pending.stats = core.stats()
+                    stats = core.stats()
+                    stats.step_tokens = 0        # no step ran for this message
+                    self.pending.stats = stats
                     self.send(self.pending)
                     self.pending = CoreOutputs()
                 if os.getppid() != self.parent_pid:

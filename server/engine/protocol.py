@@ -121,7 +121,10 @@ class CoreOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     timestamp: float = 0.0
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.scheduled or self.preempted or self.failed)
+        """Worth sending: something happened to a request, or a step ran (its size
+        feeds vllm:iteration_tokens_total)."""
+        return bool(self.outputs or self.scheduled or self.preempted or self.failed
+                    or (self.stats is not None and self.stats.step_tokens))
 
 
 class CoreReady(msgspec.Struct, tag=True, array_like=True):
