@@ -60,7 +60,7 @@ def _corpus(seed: int, lines: int = 3000) -> list[str]:
 
 
 def _build_tokenizer(path: Path, seed: int, vocab_size: int,
-                     chat_template: str = CHAT_TEMPLATE) -> int:
+                     chat_template: str = CHAT_TEMPLATE, added_tokens: tuple[str, ...] = ()) -> int:
     """Train a byte-level BPE and save it as an HF fast tokenizer; returns its length."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -83,6 +83,8 @@ def _build_tokenizer(path: Path, seed: int, vocab_size: int,
         unk_token=None,
         additional_special_tokens=["<|im_start|>"],
     )
+    if added_tokens:   # single tokens that stay text (e.g. <think>, </think>)
+        fast.add_tokens(list(added_tokens))
     fast.chat_template = chat_template
     fast.model_max_length = 1 << 20
     fast.save_pretrained(str(path))
@@ -196,19 +198,22 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
                      hidden_size: int = 96, num_layers: int = 3, num_heads: int = 4,
                      num_kv_heads: int = 2, vocab_size: int = 512,
                      max_position_embeddings: int = 2048,
-                     chat_template: str | None = None) -> Path:
+                     chat_template: str | None = None,
+                     added_tokens: tuple[str, ...] = ()) -> Path:
     """Write a complete offline HF model directory and return its path.
 
     Deterministic for a given seed. Tied embeddings default to on for qwen3 (as the
     small Qwen3 checkpoints ship) and off for the others. `chat_template` replaces the
-    plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools.
+    plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools;
+    `added_tokens` become single vocabulary entries (a reasoning model's think tags).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tie = (arch == "qwen3") if tie_word_embeddings is None else tie_word_embeddings
-    n_tok = _build_tokenizer(path, seed, vocab_size, chat_template or CHAT_TEMPLATE)
+    n_tok = _build_tokenizer(path, seed, vocab_size, chat_template or CHAT_TEMPLATE,
+                             tuple(added_tokens))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
