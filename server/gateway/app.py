@@ -280,8 +280,9 @@ class Gateway:
             max(time.perf_counter() - t0 - ticket.waited, 0.0))
         d = res.decision
         log.info("request %s: %s model=%r key=%s priority=%d -> %s/%s (%s, %d blocks "
-                 "cached) after %.3fs queued", rid, kind, model.name, key_name, priority,
-                 res.pool.name, res.endpoint.name, d.reason, d.matched, ticket.waited)
+                 "cached, load %g of %g over %d) after %.3fs queued", rid, kind, model.name,
+                 key_name, priority, res.pool.name, res.endpoint.name, d.reason, d.matched,
+                 res.load, res.pool_load, res.pool_size, ticket.waited)
         res, upstream = await self._open(ticket, res, path, raw, parsed, priority, request)
         return await self._respond(model, res, upstream, rid)
 

@@ -89,6 +89,9 @@ class Reservation:
     decision: Decision
     blocks: PromptBlocks | None
     root: int | None
+    load: float = 0.0              # the replica's load before this request
+    pool_load: float = 0.0         # the pool's total load before it
+    pool_size: int = 0             # healthy replicas in the pool
     released: bool = False
 
 
@@ -149,8 +152,10 @@ class Dispatcher:
         ep.inflight += 1
         if self.events:
             self.events.routed(model.name, pool.name, decision.reason)
+        chosen = next(c for c in cands if c.name == decision.endpoint)
         return Reservation(t, pool, ep, ep.health.incarnation, decision, blocks,
-                           rk[1] if rk else None)
+                           rk[1] if rk else None, chosen.load, sum(c.load for c in cands),
+                           len(cands))
 
     # -- the queue -----------------------------------------------------------------------------
     async def acquire(self, t: Ticket, *, retry: bool = False) -> Reservation:

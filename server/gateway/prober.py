@@ -81,9 +81,11 @@ async def probe_forever(ep: EndpointState, client: httpx.AsyncClient, interval: 
         ok, scraped = await check_once(client, ep.spec.url)
         if ep.removed:
             return
-        event = apply_check(ep, ok, scraped, threshold)
         if ok and ep.pool.spec.max_model_len is None and ep.pool.learned_max_model_len is None:
-            await learn_max_model_len(client, ep)
+            await learn_max_model_len(client, ep)    # before it takes traffic
+            if ep.removed:
+                return
+        event = apply_check(ep, ok, scraped, threshold)
         if event is not None:
             on_event(ep, event)
         await asyncio.sleep(interval)
