@@ -51,6 +51,27 @@ def make_gateway(cfg: GatewayConfig):
     return Gateway(cfg, make_discovery(cfg), keys)
 
 
+def _server_class():
+    import signal
+
+    import uvicorn
+
+    class GatewayServer(uvicorn.Server):
+        """uvicorn.Server that exits 0 after a graceful SIGTERM/SIGINT instead of
+        re-raising the signal; a second Ctrl-C still forces the exit."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+                return
+            if not self.should_exit:
+                log.info("received %s: finishing in-flight requests (up to %ds)",
+                         signal.Signals(sig).name, GRACEFUL_SHUTDOWN_S)
+            self.should_exit = True
+
+    return GatewayServer
+
+
 def run_gateway(cfg: GatewayConfig) -> int:
     setup_logging()
     try:
@@ -70,7 +91,7 @@ def run_gateway(cfg: GatewayConfig) -> int:
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.uvicorn_log_level,
                             lifespan="on", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     log.info("gateway starting on http://%s:%d (%s discovery, %s routing)", cfg.host, cfg.port,
              cfg.discovery, cfg.routing)
     server.run()

@@ -2,8 +2,9 @@
 
 - short-0..2: `--max-model-len 256` and 28 KV blocks each, so one engine's prefix
   cache holds about two of the affinity test's six system prompts;
-- long-0: `--max-model-len 1024` (the long pool of the long/short test);
-- spare-0: like short-*, the one the failover test kills and restarts.
+- long-0: `--max-model-len 1024` (the long pool of the long/short test, and the
+  slow stream that holds a slot in the admission tests).
+The failover test kills and restarts short-2.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ def backends(gw_model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("backend-logs")
     fleet = {f"short-{i}": Backend(f"short-{i}", gw_model, SHORT_ARGS, logs) for i in range(3)}
     fleet["long-0"] = Backend("long-0", gw_model, LONG_ARGS, logs)
-    fleet["spare-0"] = Backend("spare-0", gw_model, SHORT_ARGS, logs)
     try:
         for b in fleet.values():
             b.start()

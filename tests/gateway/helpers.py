@@ -186,3 +186,81 @@ def run_concurrently(coros_factory, n: int, limit: int, timeout: float = 300):
                 return await coros_factory(i)
         return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(n)]), timeout)
     return asyncio.run(main())
+
+
+class RecordingProxy:
+    """A TCP relay that records every byte each side sent, per connection: put it
+    between the gateway and a backend to see exactly what the backend answered."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.connections: list[dict[str, bytearray]] = []
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def pipe(reader, writer, buf: bytearray) -> None:
+            try:
+                while data := await reader.read(65536):
+                    buf += data
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(c_reader, c_writer) -> None:
+            u_reader, u_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            rec = {"request": bytearray(), "response": bytearray()}
+            self.connections.append(rec)
+            await asyncio.gather(pipe(c_reader, u_writer, rec["request"]),
+                                 pipe(u_reader, c_writer, rec["response"]))
+
+        async def main() -> None:
+            self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+            self._ready.set()
+            await self._server.serve_forever()
+
+        try:
+            self._loop.run_until_complete(main())
+        except asyncio.CancelledError:
+            pass
+
+    def start(self) -> "RecordingProxy":
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+
+    def response_body(self, marker: bytes) -> bytes:
+        """The de-chunked body of the recorded response to the request containing
+        `marker` (the first request on its connection)."""
+        for rec in list(self.connections):
+            if marker in bytes(rec["request"]):
+                return dechunk(bytes(rec["response"]))
+        raise KeyError(marker)
+
+
+def dechunk(raw: bytes) -> bytes:
+    """HTTP/1.1 response bytes -> its body (chunked or with a content-length)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    headers = head.lower()
+    if b"transfer-encoding: chunked" not in headers:
+        length = int(headers.split(b"content-length:")[1].split(b"\r\n")[0])
+        return rest[:length]
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2:]

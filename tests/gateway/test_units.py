@@ -217,3 +217,22 @@ def test_gateway_config_from_yaml_and_flags(tmp_path):
     conf.write_text("models_file: x\nbogus: 1\n")
     with pytest.raises(ConfigError, match="bogus"):
         build_gateway_config(["--config", str(conf)])
+
+
+def test_upstream_body_strips_or_adds_priority_for_the_pools_policy():
+    import json
+    from types import SimpleNamespace
+
+    from pagefleet.server.gateway.app import Gateway
+    from pagefleet.server.gateway.prompt import parse_request
+
+    def pool(policy):
+        return SimpleNamespace(spec=SimpleNamespace(scheduling_policy=policy))
+
+    with_prio = b'{"model":"m","prompt":"x","priority":3}'
+    without = b'{"model":"m","prompt":"x"}'
+    p1, p0 = parse_request("completion", with_prio), parse_request("completion", without)
+    assert "priority" not in json.loads(Gateway.upstream_body(None, with_prio, p1, pool("fcfs"), 3))
+    assert Gateway.upstream_body(None, with_prio, p1, pool("priority"), 3) == with_prio
+    assert json.loads(Gateway.upstream_body(None, without, p0, pool("priority"), 4))["priority"] == 4
+    assert Gateway.upstream_body(None, without, p0, pool("fcfs"), 4) == without
