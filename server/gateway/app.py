@@ -9,12 +9,15 @@ Request path (`/v1/chat/completions`, `/v1/completions`):
 
 Every response carries `X-Request-Id` (the client's, else a new one), which is also
 sent to the replica, so one id names the request in the gateway's and the server's
-logs. Errors are OpenAI-shaped (`pagefleet.server.api.errors.error_body`).
+logs. Routed responses also carry `Server-Timing: gateway;dur=<ms>, queue;dur=<ms>`
+(the gateway's own time before the upstream call, and the time queued) and, unless
+--no-endpoint-header, `X-Pagefleet-Endpoint` (the replica that served). Errors are OpenAI-shaped (`pagefleet.server.api.errors.error_body`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -42,6 +45,7 @@ from pagefleet.server.gateway.discovery import Discovery
 from pagefleet.server.gateway.dispatch import DispatchSettings, Dispatcher, Reservation, Ticket
 from pagefleet.server.gateway.fleet import FleetSpec
 from pagefleet.server.gateway.metrics import GatewayMetrics
+from pagefleet.server.gateway.prefix import PromptBlocks, prompt_blocks
 from pagefleet.server.gateway.prober import probe_forever
 from pagefleet.server.gateway.prompt import (
     ParsedRequest,
@@ -115,6 +119,10 @@ class Tokenizers:
 
         self._tasks[key] = asyncio.ensure_future(asyncio.to_thread(load))
 
+    async def wait_all(self) -> None:
+        for task in list(self._tasks.values()):
+            await asyncio.shield(task)
+
     async def get(self, key: tuple) -> PromptTokenizer | None:
         self.ensure(key)
         task = self._tasks.get(key)
@@ -138,6 +146,7 @@ class Gateway:
             unhealthy_threshold=cfg.unhealthy_threshold), events=self.metrics)
         self.rate = RateLimiter(default_limit(cfg.rate_limit, cfg.rate_limit_burst))
         self.tokenizers = Tokenizers()
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gw-prompt")
         self.client: httpx.AsyncClient | None = None
         self.probe_client: httpx.AsyncClient | None = None
         self._probers: dict[int, asyncio.Task] = {}
@@ -150,6 +159,7 @@ class Gateway:
             connect=self.cfg.connect_timeout, read=None, write=60.0, pool=None), limits=limits)
         self.probe_client = httpx.AsyncClient(timeout=self.cfg.health_timeout)
         self.apply(await self.discovery.first())
+        await self.tokenizers.wait_all()       # ready means ready to route by prefix
         self._tasks.append(asyncio.ensure_future(self.discovery.watch(self.apply)))
 
     async def stop(self) -> None:
@@ -162,6 +172,7 @@ class Gateway:
         for c in (self.client, self.probe_client):
             if c is not None:
                 await c.aclose()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def apply(self, spec: FleetSpec) -> None:
         """Bring the live fleet in line with a discovery snapshot."""
@@ -225,24 +236,37 @@ class Gateway:
             raise APIError(400, f"X-Priority: must be an integer, got {h!r}",
                            "X-Priority") from None
 
-    async def fit(self, model: ModelState, parsed: ParsedRequest) -> tuple[list[PoolFit], dict]:
-        """Prompt lengths per pool (by its tokenizer) and the first prompt's ids."""
-        ids_by_key: dict[tuple, list[int]] = {}
-        lens: dict[tuple, int] = {}
-        fits = []
+    async def fit(self, model: ModelState, parsed: ParsedRequest) -> tuple[list[PoolFit], dict, dict]:
+        """Prompt lengths per pool (by its tokenizer), the first prompt's ids and its
+        block-hash chains per (tokenizer, block size). Rendering, tokenizing and hashing
+        run in a worker thread (the tokenizer releases the GIL), so long prompts do not
+        stall the event loop that relays other requests' streams."""
+        by_key: dict[tuple, set[int]] = {}
         for p in model.pools.values():
-            key = p.tokenizer_key
-            if key not in lens:
-                tok = await self.tokenizers.get(key)
-                if tok is None:
-                    lens[key] = 0
-                else:
-                    prompts = tok.prompts(parsed)
-                    lens[key] = max((len(x) for x in prompts), default=0)
-                    if prompts and prompts[0]:
-                        ids_by_key[key] = prompts[0]
-            fits.append(PoolFit(p.name, p.max_model_len, p.spec.weight, lens[key]))
-        return fits, ids_by_key
+            by_key.setdefault(p.tokenizer_key, set()).add(p.block_size)
+        lens: dict[tuple, int] = {}
+        ids_by_key: dict[tuple, list[int]] = {}
+        blocks: dict[tuple, PromptBlocks] = {}
+        for key, sizes in by_key.items():
+            tok = await self.tokenizers.get(key)
+            if tok is None:
+                lens[key] = 0
+                continue
+
+            def work(tok=tok, sizes=sizes):
+                prompts = tok.prompts(parsed)
+                first = prompts[0] if prompts and prompts[0] else None
+                chains = {bs: prompt_blocks(first, bs) for bs in sizes} if first else {}
+                return max((len(x) for x in prompts), default=0), first, chains
+
+            n, first, chains = await asyncio.get_running_loop().run_in_executor(self.pool, work)
+            lens[key] = n
+            if first is not None:
+                ids_by_key[key] = first
+                blocks.update({(key, bs): b for bs, b in chains.items()})
+        fits = [PoolFit(p.name, p.max_model_len, p.spec.weight, lens[p.tokenizer_key])
+                for p in model.pools.values()]
+        return fits, ids_by_key, blocks
 
     def upstream_body(self, raw: bytes, parsed: ParsedRequest, pool: PoolState,
                       priority: int) -> bytes:
@@ -269,22 +293,24 @@ class Gateway:
         model = self.resolve_model(parsed.model)
         model.touch()
         priority = self.priority_of(parsed, request)
-        fits, ids_by_key = await self.fit(model, parsed)
+        fits, ids_by_key, blocks = await self.fit(model, parsed)
         cls = fitting_class(fits, parsed.max_tokens)
         if not cls:
             raise APIError(400, context_error(fits, parsed.max_tokens), "messages")
-        ticket = Ticket(rid, model, priority, tuple(p.name for p in cls), ids_by_key)
+        ticket = Ticket(rid, model, priority, tuple(p.name for p in cls), ids_by_key,
+                        _blocks=blocks)
         res = await self.dispatcher.acquire(ticket)
+        overhead = max(time.perf_counter() - t0 - ticket.waited, 0.0)
         self.metrics.queue_time(model.name, ticket.waited)
-        self.metrics.overhead.labels(model.name).observe(
-            max(time.perf_counter() - t0 - ticket.waited, 0.0))
+        self.metrics.overhead.labels(model.name).observe(overhead)
         d = res.decision
         log.info("request %s: %s model=%r key=%s priority=%d -> %s/%s (%s, %d blocks "
                  "cached, load %g of %g over %d) after %.3fs queued", rid, kind, model.name,
                  key_name, priority, res.pool.name, res.endpoint.name, d.reason, d.matched,
                  res.load, res.pool_load, res.pool_size, ticket.waited)
         res, upstream = await self._open(ticket, res, path, raw, parsed, priority, request)
-        return await self._respond(model, res, upstream, rid)
+        timing = f"gateway;dur={overhead * 1000:.3f}, queue;dur={ticket.waited * 1000:.3f}"
+        return await self._respond(model, res, upstream, rid, timing)
 
     async def _open(self, ticket: Ticket, res: Reservation, path: str, raw: bytes,
                     parsed: ParsedRequest, priority: int, request: Request):
@@ -319,10 +345,10 @@ class Gateway:
             return res, upstream
 
     async def _respond(self, model: ModelState, res: Reservation, upstream: httpx.Response,
-                       rid: str) -> Response:
+                       rid: str, timing: str) -> Response:
         """Relay an SSE stream chunk by chunk; read any other answer whole (so a body
         that breaks off can still become a proper 502)."""
-        extra = {"x-request-id": rid}
+        extra = {"x-request-id": rid, "server-timing": timing}
         if self.cfg.endpoint_header:
             extra[ENDPOINT_HEADER] = res.endpoint.name
         headers = response_headers(upstream, extra)

@@ -2,8 +2,9 @@
 
 - short-0..2: `--max-model-len 256` and 28 KV blocks each, so one engine's prefix
   cache holds about two of the affinity test's six system prompts;
-- long-0: `--max-model-len 1024` (the long pool of the long/short test, and the
-  slow stream that holds a slot in the admission tests).
+- long-0: `--max-model-len 1024` and `--scheduling-policy priority` (the long pool
+  of the long/short test, the slow stream that holds a slot in the admission tests,
+  the server that takes `priority`).
 The failover test kills and restarts short-2.
 """
 
@@ -15,7 +16,7 @@ from tests.gateway.helpers import Backend
 
 SHORT_ARGS = ["--max-model-len", "256", "--num-gpu-blocks-override", "28",
               "--max-num-seqs", "16", "--max-num-batched-tokens", "512"]
-LONG_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "16"]
+LONG_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "16", "--scheduling-policy", "priority"]
 
 
 @pytest.fixture(scope="session")
