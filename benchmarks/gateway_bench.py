@@ -16,11 +16,17 @@ each run gets its own system prompts and questions of the same lengths.
 Reported per run: TTFT (client side, first SSE event) p50/p90/p99, prompt tokens the
 fleet computed (the backends' `vllm:prefix_cache_queries_total` minus `_hits_total`),
 the prefix-cache hit rate, wall time, and the gateway's own time per request before
-the upstream call (its `Server-Timing: gateway;dur=` header) p50/p99.
+the upstream call (its `Server-Timing: gateway;dur=` header) p50/p99. After the
+gateway run, an idle-fleet phase sends requests one at a time through the gateway and
+straight to the replica it picked, for the latency the gateway adds (p50/p99).
 
-    python benchmarks/gateway_bench.py                       # defaults below, ~2-4 min
-    python benchmarks/gateway_bench.py --conversations 24 --turns 4 --backends 3 \
-        --system-tokens 1500 --kv-blocks 400 --out /tmp/gw.json
+    python benchmarks/gateway_bench.py                       # defaults below, ~5 min
+    python benchmarks/gateway_bench.py --system-prompts 6 --conversations 24 --turns 4 \
+        --backends 3 --system-tokens 1500 --kv-blocks 400 --out /tmp/gw.json
+
+Defaults: six ~1.5K-token system prompts (six teams sharing the platform, as in seed
+002) that do not all fit one replica's KV cache (400 blocks = 6,400 tokens), four
+conversations per system prompt, four turns each, six clients at a time.
 """
 
 from __future__ import annotations
@@ -140,6 +146,9 @@ class Fleet:
                      "pagefleet_gateway_pool_ready_endpoints") < len(self.ports):
             time.sleep(0.2)
 
+    def endpoint_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[int(name[1:])]}"
+
     def stop_gateway(self) -> None:
         if self.gw is not None:
             self.gw.send_signal(signal.SIGTERM)
@@ -225,6 +234,45 @@ async def run_workload(url: str, systems, convs, args) -> dict:
     return {"ttft": ttfts, "overhead": overheads, "errors": errors, "wall_s": wall}
 
 
+async def measure_added_latency(fleet: Fleet, systems: list[str], args) -> dict:
+    """With the fleet otherwise idle: the same requests one at a time through the
+    gateway and straight to the replica the gateway picked (caches warm for both; the
+    order alternates so neither side gets the warmer cache), so the TTFT difference is
+    what the gateway adds from the client's side: its own work plus the extra hop."""
+    rng = random.Random(99)
+    own, added = [], []
+    async with httpx.AsyncClient(timeout=600) as c:
+        async def ttft(url: str, body: dict) -> tuple[float, httpx.Headers]:
+            t0 = time.perf_counter()
+            async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        return time.perf_counter() - t0, r.headers
+            raise RuntimeError("empty stream")
+
+        for i in range(args.latency_requests):
+            body = {"model": "bench", "max_tokens": 1, "temperature": 0, "stream": True,
+                    "messages": [{"role": "system", "content": systems[i % len(systems)]},
+                                 {"role": "user", "content": words(rng, args.user_words)}]}
+            await ttft(fleet.gw_url, body)                    # warm the replica's cache
+            _, h = await ttft(fleet.gw_url, body)
+            direct_url = fleet.endpoint_url(h["x-pagefleet-endpoint"])
+            pair = [(fleet.gw_url, "gw"), (direct_url, "direct")]
+            if i % 2:
+                pair.reverse()
+            got = {}
+            for url, side in pair:
+                got[side], headers = await ttft(url, body)
+                if side == "gw":
+                    m = re.search(r"gateway;dur=([\d.]+)", headers.get("server-timing", ""))
+                    own.append(float(m.group(1)) / 1000)
+            added.append(got["gw"] - got["direct"])
+    return {"requests": len(added),
+            "gateway_own_ms": {"p50": round(pct(own, 50) * 1e3, 3), "p99": round(pct(own, 99) * 1e3, 3)},
+            "added_ttft_ms": {"p50": round(pct(added, 50) * 1e3, 3),
+                              "p99": round(pct(added, 99) * 1e3, 3)}}
+
+
 def run_mode(fleet: Fleet, routing: str, seed: int, args, tok) -> dict:
     systems, convs = make_workload(seed, args, tok)
     fleet.start_backends()
@@ -234,6 +282,8 @@ def run_mode(fleet: Fleet, routing: str, seed: int, args, tok) -> dict:
             q0, h0 = fleet.cache_counters()
             res = asyncio.run(run_workload(fleet.gw_url, systems, convs, args))
             q1, h1 = fleet.cache_counters()
+            idle = asyncio.run(measure_added_latency(fleet, systems, args)) \
+                if routing == "prefix" and args.latency_requests else None
         finally:
             fleet.stop_gateway()
     finally:
@@ -248,19 +298,22 @@ def run_mode(fleet: Fleet, routing: str, seed: int, args, tok) -> dict:
             "prompt_tokens": int(queries), "prompt_tokens_computed": int(queries - hits),
             "hit_rate": round(hits / queries, 4) if queries else None,
             "gateway_overhead_ms": {"p50": round(pct(o, 50) * 1e3, 3),
-                                    "p99": round(pct(o, 99) * 1e3, 3)}}
+                                    "p99": round(pct(o, 99) * 1e3, 3)},
+            "idle_latency": idle, "loadavg_after": os.getloadavg()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", type=int, default=3)
-    ap.add_argument("--system-prompts", type=int, default=3)
+    ap.add_argument("--system-prompts", type=int, default=6)
     ap.add_argument("--system-tokens", type=int, default=1500)
-    ap.add_argument("--conversations", type=int, default=18)
+    ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--user-words", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--latency-requests", type=int, default=40,
+                    help="requests of the idle added-latency phase (0: skip)")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--kv-blocks", type=int, default=400,
                     help="KV blocks per backend (16 tokens each)")
@@ -290,14 +343,20 @@ def main() -> int:
                        ("TTFT p99 (ms)", ("ttft_ms", "p99")),
                        ("prompt tokens computed", ("prompt_tokens_computed",)),
                        ("prefix-cache hit rate", ("hit_rate",)), ("wall (s)", ("wall_s",)),
-                       ("gateway overhead p50 (ms)", ("gateway_overhead_ms", "p50")),
-                       ("gateway overhead p99 (ms)", ("gateway_overhead_ms", "p99"))]:
+                       ("gateway own time p50 (ms)", ("gateway_overhead_ms", "p50")),
+                       ("gateway own time p99 (ms)", ("gateway_overhead_ms", "p99"))]:
         def get(r):
             v = r
             for k in key:
                 v = v[k]
             return v
         print(f"{label:28}{get(rr)!s:>14}{get(px)!s:>14}")
+    if px.get("idle_latency"):
+        il = px["idle_latency"]
+        print(f"\nidle fleet, {il['requests']} requests one at a time: gateway's own time "
+              f"p50 {il['gateway_own_ms']['p50']} ms / p99 {il['gateway_own_ms']['p99']} ms; "
+              f"TTFT added vs direct p50 {il['added_ttft_ms']['p50']} ms / "
+              f"p99 {il['added_ttft_ms']['p99']} ms")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))
     return 0 if not rr["errors"] and not px["errors"] else 1

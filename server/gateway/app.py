@@ -69,6 +69,7 @@ from pagefleet.server.gateway.state import EndpointState, ModelState, PoolState,
 log = logging.getLogger("pagefleet.gateway")
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._:/=+@-]")
 ENDPOINT_HEADER = "x-pagefleet-endpoint"
+TOKENIZER_STARTUP_WAIT_S = 120.0
 
 
 def request_id(request: Request) -> str:
@@ -119,9 +120,12 @@ class Tokenizers:
 
         self._tasks[key] = asyncio.ensure_future(asyncio.to_thread(load))
 
-    async def wait_all(self) -> None:
-        for task in list(self._tasks.values()):
-            await asyncio.shield(task)
+    async def wait_all(self, timeout: float) -> None:
+        """Wait (bounded) for every load started so far; slow ones go on loading and
+        the requests that need them wait for them."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     async def get(self, key: tuple) -> PromptTokenizer | None:
         self.ensure(key)
@@ -159,7 +163,7 @@ class Gateway:
             connect=self.cfg.connect_timeout, read=None, write=60.0, pool=None), limits=limits)
         self.probe_client = httpx.AsyncClient(timeout=self.cfg.health_timeout)
         self.apply(await self.discovery.first())
-        await self.tokenizers.wait_all()       # ready means ready to route by prefix
+        await self.tokenizers.wait_all(TOKENIZER_STARTUP_WAIT_S)   # ready = routes by prefix
         self._tasks.append(asyncio.ensure_future(self.discovery.watch(self.apply)))
 
     async def stop(self) -> None:
