@@ -1,4 +1,4 @@
-"""`pagefleet` entry point: serve | bench serve | operator | crd.
+"""`pagefleet` entry point: serve | gateway | bench serve | operator | crd.
 
 Flags come from the config dataclasses (server/config.py), so `pagefleet serve --help`
 is generated from the same place the YAML config and the operator read. Heavy imports
@@ -60,6 +60,38 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+def gateway_parser() -> argparse.ArgumentParser:
+    from pagefleet.server.gateway.config import GatewayConfig
+
+    p = argparse.ArgumentParser(
+        prog="pagefleet gateway", allow_abbrev=False,
+        description="One OpenAI-compatible endpoint for every model: prefix-affinity "
+                    "routing with bounded load, long/short pools, admission, weighted "
+                    "rollouts, scale-from-zero holding. See docs/gateway.md.")
+    p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
+                   "(dashes or underscores); flags on the command line win.")
+    add_config_flags(p, GatewayConfig)
+    return p
+
+
+def build_gateway_config(argv: list[str]):
+    """Parse `gateway` argv into a validated GatewayConfig: defaults < YAML < flags."""
+    from pagefleet.server.gateway.config import GatewayConfig
+
+    ns = vars(gateway_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    if ns.get("config"):
+        values.update(load_yaml_config(ns["config"]))
+    values.update({k: v for k, v in ns.items() if k != "config"})
+    names = {f.name for f, _ in config_fields(GatewayConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in --config: {', '.join(sorted(unknown))}")
+    cfg = GatewayConfig(**values)
+    cfg.validate()
+    return cfg
+
+
 def strip_ignored_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     """Drop flags older vLLM took and that mean nothing here; return (argv, notices)."""
     out, notices, i = [], [], 0
@@ -114,7 +146,7 @@ def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = "serve | bench serve | operator | crd"
+    commands = "serve | gateway | bench serve | operator | crd"
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: pagefleet {{{commands}}} ...")
         return 0 if argv else 2
@@ -128,6 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         from pagefleet.server.api.serve import run_serve
 
         return run_serve(engine, server, notices)
+    if cmd == "gateway":
+        try:
+            cfg = build_gateway_config(rest)
+        except ConfigError as e:
+            print(f"pagefleet gateway: error: {e}", file=sys.stderr)
+            return 2
+        from pagefleet.server.gateway.serve import run_gateway
+
+        return run_gateway(cfg)
     if cmd == "bench":
         from pagefleet.server.bench.cli import main as bench_main
 
