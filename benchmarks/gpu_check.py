@@ -237,7 +237,7 @@ def phase_steps() -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True, output_kind="final")
     sampled = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
                              max_tokens=2000, ignore_eos=True, output_kind="final")
-    for b in (1, 64, 256):
+    for b in (1, 16, 64, 256):
         res[f"decode_B{b}_ms"] = step_times(llm, rand_prompts(b, [1024] * b, 151000), greedy)
         log(f"decode B={b}: {res[f'decode_B{b}_ms']:.2f} ms")
     res["sampled_B64_ms"] = step_times(llm, rand_prompts(7, [1024] * 64, 151000), sampled)
@@ -266,22 +266,26 @@ def phase_steps() -> dict:
         eng.step()
     del llm, eng
     torch.cuda.empty_cache()
-    # Offline with the engine's own defaults (by use and device).
-    t0 = time.time()
-    llm = LLM(str(BIG))
-    res["defaults_load_s"] = time.time() - t0
-    res["defaults"] = {"max_num_seqs": llm.config.max_num_seqs,
-                       "max_num_batched_tokens": llm.config.max_num_batched_tokens}
+    # Offline: with the engine's own defaults (by use and device), then 8192 / 256.
     prompts = rand_prompts(21, [512] * 1024, 151000)
     p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, p)
-    dt = time.perf_counter() - t0
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    res["offline_defaults_tok_s"] = n / dt
-    res["offline_s"] = dt
-    log(f"offline defaults {res['defaults']}: {n / dt:.0f} tok/s")
+    for name, kw in (("defaults", {}), ("8192x256", dict(max_num_batched_tokens=8192,
+                                                          max_num_seqs=256))):
+        t0 = time.time()
+        llm = LLM(str(BIG), **kw)
+        res[f"offline_{name}_load_s"] = time.time() - t0
+        res[f"offline_{name}_config"] = {"max_num_seqs": llm.config.max_num_seqs,
+                                         "max_num_batched_tokens": llm.config.max_num_batched_tokens}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, p)
+        dt = time.perf_counter() - t0
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        res[f"offline_{name}_tok_s"] = n / dt
+        res[f"offline_{name}_s"] = dt
+        log(f"offline {name} {res[f'offline_{name}_config']}: {n / dt:.0f} tok/s")
+        del llm
+        torch.cuda.empty_cache()
     return res
 
 
@@ -346,7 +350,7 @@ def main() -> None:
         part(name, data)
         return
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(PHASES)
-    limits = {"parity": 120, "server": 100, "steps": 260, "prefill": 80}
+    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80}
     result = {}
     for name in names:
         t0 = time.time()
