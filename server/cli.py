@@ -24,14 +24,30 @@ from pagefleet.server.config import (
 )
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def machine_defaults() -> dict[str, str]:
+    """What the by-device defaults resolve to here (for --help), without CUDA."""
+    from pagefleet.server.config import default_limits, probe_gpu_memory
+
+    mem = probe_gpu_memory()
+    where = f"a {mem / (1 << 30):.0f} GiB GPU" if mem else "no GPU"
+    seqs, server = default_limits("server", mem)
+    _, offline = default_limits("offline", mem)
+    return {"max_num_seqs": f"{seqs} on this machine ({where})",
+            "max_num_batched_tokens": f"{server} for the server, {offline} for the offline "
+                                      f"LLM on this machine ({where})"}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                     here: dict[str, str] | None = None) -> None:
     group = parser.add_argument_group(cls.__name__)
+    here = here or {}
     for f, tp in config_fields(cls):
         if f.name in skip:
             continue
         kind = base_type(tp)
+        default = here.get(f.name, f.default)
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                                  "help": f.metadata["help"] + f" (default: {f.default})"}
+                                  "help": f.metadata["help"] + f" (default: {default})"}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif getattr(kind, "__origin__", None) is list:
@@ -46,7 +62,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
         group.add_argument(flag_name(f), **kwargs)
 
 
-def serve_parser() -> argparse.ArgumentParser:
+def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
+    """The serve flags; `help_text` resolves the by-device defaults for --help."""
     p = argparse.ArgumentParser(
         prog="pagefleet serve", allow_abbrev=False,
         description="Serve a model behind an OpenAI-compatible API. Flags match vLLM's.")
@@ -55,7 +72,7 @@ def serve_parser() -> argparse.ArgumentParser:
                         "Omit to serve the built-in demo model.")
     p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
                    "(dashes or underscores); flags on the command line win.")
-    add_config_flags(p, EngineConfig)
+    add_config_flags(p, EngineConfig, here=machine_defaults() if help_text else None)
     add_config_flags(p, ServerConfig)
     return p
 
@@ -124,7 +141,7 @@ def load_yaml_config(path: str) -> dict[str, Any]:
 def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str]]:
     """Parse `serve` argv into validated configs: defaults < YAML file < flags."""
     argv, notices = strip_ignored_flags(argv)
-    ns = vars(serve_parser().parse_args(argv))
+    ns = vars(serve_parser(help_text=any(a in ("-h", "--help") for a in argv)).parse_args(argv))
     values: dict[str, Any] = {}
     if ns.get("config"):
         values.update(load_yaml_config(ns["config"]))
