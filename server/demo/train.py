@@ -44,7 +44,7 @@ class TrainConfig:
     head_dim: int = 64
     intermediate_size: int = 384
     max_len: int = 384               # longer dialogues are skipped
-    steps: int = 1000
+    steps: int = 2000
     tokens_per_batch: int = 1024     # padded tokens per step
     lr: float = 3e-3
     min_lr: float = 3e-4
