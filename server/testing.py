@@ -1,6 +1,6 @@
-"""Tiny offline HF models for tests and the demo: real architectures, random weights.
+"""Tiny offline HF models for tests: real architectures, random weights.
 
-No weights can be downloaded here, so tests and the demo server build a complete model
+No weights can be downloaded here, so tests build a complete model
 directory on the spot: `config.json` in the format real checkpoints use (`rope_theta`,
 `rope_scaling`), safetensors weights (optionally sharded with an index), a byte-level
 BPE tokenizer trained on a generated corpus, special tokens, a ChatML chat template and
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -228,30 +226,10 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
     return path
 
 
-DEMO_VERSION = "1"
+def demo_model_path() -> Path:
+    """The built-in demo model: the checkpoint shipped in the package (`server/demo/model`,
+    trained by `python -m pagefleet.server.demo.train`; see docs/demo.md). Unlike the tiny
+    models above, it was trained, so its replies are readable English."""
+    from pagefleet.server.demo import demo_checkpoint
 
-
-def demo_model_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The built-in demo model, built once into a cache folder and reused.
-
-    Built in a temporary folder and renamed into place, so a crash mid-build or two
-    servers starting at once never leave a half-written model behind.
-    """
-    root = Path(cache_dir or os.environ.get("PAGEFLEET_CACHE")
-                or Path.home() / ".cache" / "pagefleet")
-    target = root / f"demo-model-v{DEMO_VERSION}"
-    if (target / "config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-build-", dir=root))
-    try:
-        build_tiny_model(tmp, "qwen3", seed=1234, hidden_size=128, num_layers=4,
-                         vocab_size=1024, max_position_embeddings=4096)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return demo_checkpoint()
