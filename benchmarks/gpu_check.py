@@ -336,8 +336,43 @@ def phase_prefill() -> dict:
     return {"variants": res}
 
 
+# -- profile: where the offline run's time goes ------------------------------------------------
+
+def phase_profile() -> dict:
+    """The offline workload at half size under the CUDA profiler (kernels only, so the
+    host is not slowed): GPU busy time against wall time says whether the host or the
+    device bounds the run, and the kernel table says which kernels the device spends on."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pagefleet.server import LLM, SamplingParams
+    llm = LLM(str(BIG))
+    prompts = rand_prompts(31, [512] * 512, 151000)
+    p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
+    llm.generate(rand_prompts(32, [512] * 16, 151000), p)       # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, p)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    kernels: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time_total / 1e3
+    busy_ms = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    st = llm.stats()
+    return {"wall_s": wall, "tok_s": n / wall, "gpu_busy_s": busy_ms / 1e3,
+            "gpu_busy_frac": busy_ms / 1e3 / wall, "steps": st.get("num_steps"),
+            "top_kernels_ms": [(k[:90], round(v, 1)) for k, v in top],
+            "config": {"max_num_seqs": llm.config.max_num_seqs,
+                       "max_num_batched_tokens": llm.config.max_num_batched_tokens}}
+
+
 PHASES = {"parity": phase_parity, "server": phase_server, "steps": phase_steps,
-          "prefill": phase_prefill}
+          "prefill": phase_prefill, "profile": phase_profile}
 
 
 def main() -> None:
@@ -352,7 +387,7 @@ def main() -> None:
         part(name, data)
         return
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(PHASES)
-    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80}
+    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120}
     result = {}
     for name in names:
         t0 = time.time()
