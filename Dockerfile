@@ -55,6 +55,8 @@ RUN pip install \
       "pydantic==2.14.4" \
       "prometheus-client==0.26.0" \
       "httpx==0.28.1" \
+      "pyzmq==27.3.0" \
+      "msgspec==0.23.0" \
       "xgrammar==0.2.9" \
       "apache-tvm-ffi==0.1.15.post2" \
       "jsonschema-rs==0.60.3" \
@@ -62,7 +64,7 @@ RUN pip install \
 COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY operator/ operator/
-# The built-in demo model (tiny, random weights, CPU-friendly) is baked in, so
+# The built-in demo model (a tiny trained Qwen3, CPU-friendly) is baked in, so
 # `pagefleet serve` without a MODEL starts offline, and e2e ModelDeployments can say
 # model: /opt/pagefleet/models/demo.
 ENV PAGEFLEET_CACHE=/opt/pagefleet/cache \

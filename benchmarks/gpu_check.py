@@ -336,6 +336,30 @@ def phase_prefill() -> dict:
     return {"variants": res}
 
 
+# -- offline: the side-by-side figure, warmed up as vllm_offline.py warms vLLM ------------------
+
+def phase_offline() -> dict:
+    import torch
+
+    from pagefleet.server import LLM, SamplingParams
+    t0 = time.time()
+    llm = LLM(str(BIG))
+    res = {"load_s": time.time() - t0,
+           "config": {"max_num_seqs": llm.config.max_num_seqs,
+                      "max_num_batched_tokens": llm.config.max_num_batched_tokens}}
+    p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
+    llm.generate(rand_prompts(22, [512] * 8, 151000), p)            # warm-up, as for vLLM
+    prompts = rand_prompts(21, [512] * 1024, 151000)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, p)
+    dt = time.perf_counter() - t0
+    res["tok_s"] = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+    res["s"] = dt
+    log(f"offline (warmed) {res}")
+    return res
+
+
 # -- profile: where the offline run's time goes ------------------------------------------------
 
 def phase_profile() -> dict:
@@ -372,7 +396,7 @@ def phase_profile() -> dict:
 
 
 PHASES = {"parity": phase_parity, "server": phase_server, "steps": phase_steps,
-          "prefill": phase_prefill, "profile": phase_profile}
+          "prefill": phase_prefill, "profile": phase_profile, "offline": phase_offline}
 
 
 def main() -> None:
@@ -387,7 +411,7 @@ def main() -> None:
         part(name, data)
         return
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(PHASES)
-    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120}
+    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120, "offline": 100}
     result = {}
     for name in names:
         t0 = time.time()

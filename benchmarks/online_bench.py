@@ -176,7 +176,7 @@ def start_server(args) -> tuple[subprocess.Popen, float]:
         cmd = [sys.executable, "-m", "pagefleet.server.cli", "serve", args.model, *flags]
     else:
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, *flags,
-               "--disable-log-requests", "--enable-prefix-caching"]
+               "--enable-prefix-caching"]   # 0.26 logs no requests by default
     cmd += args.extra
     log = open(args.server_log, "w")
     t0 = time.perf_counter()

@@ -5,7 +5,11 @@
 # checkpoint (15 GB) and the AWQ one (5.5 GB) go to /dev/shm when it has room.
 set -o pipefail
 mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/pf PYTHONUNBUFFERED=1   # not the repo root: operator/ would shadow the stdlib
+if [ -d .whl-core ]; then   # msgspec + pyzmq, which the engine imports (device_engine.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site-pf .whl-core/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1   # not the repo root: operator/ would shadow the stdlib
 export OUT=${OUT:-/tmp/pagefleet-bench}
 mkdir -p "$OUT"
 shm_free=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -d ' ')

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagefleet.operator import coretypes, crd, names, serverargs
+from pagefleet.server.config import default_limits
 
 DEFAULT_IMAGE = "ghcr.io/pagefleet/pagefleet:0.1.0"
 DEFAULT_SHM_SIZE = "2Gi"
@@ -416,8 +417,13 @@ def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -
     engine = r.sub("engine")
     engine_values, extra_args = _engine(engine, resources.gpus) if engine else ({}, ())
     # The concurrency target defaults to what one replica batches at once.
-    max_num_seqs = int(serverargs.parse(extra_args).get(
-        "max_num_seqs", engine_values.get("maxNumSeqs", serverargs.default("max_num_seqs"))))
+    # Unset, the server picks by GPU memory, which the operator cannot see: take the
+    # smaller choice (GPUs under 70 GiB, CPUs), so the fleet scales out early, not late.
+    max_num_seqs = serverargs.parse(extra_args).get(
+        "max_num_seqs", engine_values.get("maxNumSeqs", serverargs.default("max_num_seqs")))
+    if max_num_seqs is None:
+        max_num_seqs = default_limits("server", None)[0]
+    max_num_seqs = int(max_num_seqs)
     cache = r.sub("modelCache")
     model_cache = None
     if cache is not None:
