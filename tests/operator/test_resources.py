@@ -68,7 +68,7 @@ def test_rendered_args_parse_back_into_the_same_server_config() -> None:
     args = container(render({"servedModelName": "q", "engine": {**FULL_ENGINE, "extraArgs": ["--enforce-eager"]}}))["args"]
     engine, server, _ = build_configs(args)
     assert (engine.model, server.served_model_name, server.host, server.port) == (
-        "Qwen/Qwen2.5-7B-Instruct", "q", "0.0.0.0", resources.PORT)
+        "Qwen/Qwen2.5-7B-Instruct", ["q"], "0.0.0.0", resources.PORT)
     assert (engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
             engine.max_num_batched_tokens, engine.block_size, engine.enable_prefix_caching,
             engine.enable_chunked_prefill, engine.kv_cache_dtype, engine.dtype,
