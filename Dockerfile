@@ -55,6 +55,8 @@ RUN pip install \
       "pydantic==2.14.4" \
       "prometheus-client==0.26.0" \
       "httpx==0.28.1" \
+      "pyzmq==27.3.0" \
+      "msgspec==0.23.0" \
       "xgrammar==0.2.9" \
       "apache-tvm-ffi==0.1.15.post2" \
       "jsonschema-rs==0.60.3" \

@@ -273,10 +273,10 @@ async def reconcile(kube: KubeClient, body: Mapping[str, Any], state: State, set
 
 async def inference_pools_installed(kube: KubeClient, settings: Settings) -> bool:
     """Is the InferencePool API served? The discovery document of its group version
-    (no RBAC needed), looked up again after `gie_recheck_s`: a CRD installed later is
-    picked up without a restart."""
+    (no RBAC needed). A yes is trusted for `gie_recheck_s`; a no is looked up again at
+    the next reconcile, so a CRD installed later is picked up without a restart."""
     now = time.monotonic()
-    if now - settings.gie_checked_at >= settings.gie_recheck_s:
+    if not settings.gie_present or now - settings.gie_checked_at >= settings.gie_recheck_s:
         try:
             doc = await kube.get(f"/apis/{crd.GIE_API_VERSION}")
         except KubeError as e:

@@ -162,8 +162,8 @@ def ready_addresses(slices: Sequence[Mapping[str, Any]], port: str) -> list[tupl
         ports = sl.get("ports") or []
         number = next((p.get("port") for p in ports
                        if port in (p.get("name"), str(p.get("port")))), None)
-        if number is None and len(ports) == 1 and port == DEFAULT_PORT:
-            number = ports[0].get("port")
+        if number is None and len(ports) == 1 and not ports[0].get("name"):
+            number = ports[0].get("port")   # a Service with one unnamed port
         if number is None:
             continue
         for ep in sl.get("endpoints") or []:
