@@ -66,6 +66,14 @@ def mdep(cluster: Cluster) -> dict[str, Any] | None:
     return cluster.get(f"/apis/{crd.API_VERSION}/namespaces/{NS}/{crd.PLURAL}/{NAME}")
 
 
+def mdep_when(cluster: Cluster, check: Any) -> Any:
+    """A poll for wait_for: the ModelDeployment once check(it) holds, else None."""
+    def probe() -> dict[str, Any] | None:
+        md = mdep(cluster)
+        return md if md is not None and check(md) else None
+    return probe
+
+
 def replicas(cluster: Cluster) -> int | None:
     return ((deployment(cluster) or {}).get("spec") or {}).get("replicas")
 
@@ -105,7 +113,7 @@ def test_install_with_the_gateway(cluster: Cluster) -> None:
 def test_a_model_at_zero_waits_for_its_first_request(cluster: Cluster) -> None:
     cluster.kubectl("apply", *cluster.apply_flags, "-f", "-", stdin=yaml.safe_dump(model_deployment(cluster.emulated)))
     cluster.wait_for(lambda: replicas(cluster) == 0, "the Deployment created at 0 replicas")
-    md = cluster.wait_for(lambda: (lambda o: o if condition(o, "Active") == "False" else None)(mdep(cluster)),
+    md = cluster.wait_for(mdep_when(cluster, lambda o: condition(o, "Active") == "False"),
                           "Active=False (ScaledToZero): the operator reads the gateway")
     assert md["status"]["desiredReplicas"] == 0 and md["status"]["gatewayWaitingRequests"] == 0
     assert not server_pods(cluster)
@@ -124,16 +132,15 @@ def test_requests_wake_it_and_are_served(cluster: Cluster) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(ask, i) for i in range(2)]
-        cluster.wait_for(
-            lambda: (lambda o: o if (o.get("status") or {}).get("gatewayWaitingRequests", 0) >= 1 else None)(
-                mdep(cluster) or {}), "the operator to see the requests the gateway holds")
+        cluster.wait_for(mdep_when(cluster, lambda o: (o.get("status") or {}).get("gatewayWaitingRequests", 0) >= 1),
+                         "the operator to see the requests the gateway holds")
         cluster.wait_for(lambda: replicas(cluster) == 1, "the operator to scale 0 -> 1")
         answers = [f.result(timeout=cluster.timeout) for f in futures]   # raises on any failed request
     assert all(answers), answers
     events = scaled(cluster)
     assert any(m.startswith("scaled 0 -> 1: ") and "waiting in the gateway" in m for m in events), events
-    md = cluster.wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("readyReplicas") == 1 else None)(
-        mdep(cluster) or {}), "status.readyReplicas 1")
+    md = cluster.wait_for(mdep_when(cluster, lambda o: (o.get("status") or {}).get("readyReplicas") == 1),
+                          "status.readyReplicas 1")
     assert condition(md, "Active") == "True"
     assert md["status"].get("lastRequestTime"), md["status"]
 
@@ -141,7 +148,7 @@ def test_requests_wake_it_and_are_served(cluster: Cluster) -> None:
 def test_idle_model_returns_to_zero(cluster: Cluster) -> None:
     cluster.wait_for(lambda: replicas(cluster) == 0, f"the model back at 0 after {IDLE_S}s idle")
     cluster.wait_for(lambda: not server_pods(cluster), "the server pod to go away")
-    md = cluster.wait_for(lambda: (lambda o: o if condition(o, "Active") == "False" else None)(mdep(cluster)),
+    md = cluster.wait_for(mdep_when(cluster, lambda o: condition(o, "Active") == "False"),
                           "Active=False after scaling to zero")
     assert md["status"]["desiredReplicas"] == 0
     events = scaled(cluster)

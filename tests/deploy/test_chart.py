@@ -245,6 +245,11 @@ def test_notes_tell_the_next_step(helm_bin: str, tmp_path: Path) -> None:
     assert "rollout status deployment/pf-pagefleet-operator" in notes
     assert "kubectl apply -f manifests/examples/" in notes
     assert "monitoring.serviceMonitor.enabled=true" in notes  # monitoring is off: say how
+    assert "gateway" not in notes
+    res = subprocess.run([helm_bin, "install", "pf", str(CHART), "--dry-run=client", "-n", "ml",
+                          "--set", "gateway.enabled=true"], capture_output=True, text=True)
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "port-forward svc/pf-pagefleet-gateway 8080:8080" in notes and "all namespaces" in notes
 
 
 # ------------------------------------------------------------------- monitoring
