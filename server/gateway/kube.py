@@ -1,7 +1,7 @@
 """Kubernetes discovery: ModelDeployments and their ready pods, listed then watched.
 
-Read-only: the gateway needs `get/list/watch` on `modeldeployments.pagefleet.dev` and
-on `pods`, nothing else. Each ModelDeployment is a pool of the model named by its
+Read-only: the gateway needs `list/watch` on `modeldeployments.pagefleet.dev` and on
+`pods`, and `get` on the Secrets that `apiKeySecretRef`s name, nothing else. Each ModelDeployment is a pool of the model named by its
 `servedModelName` (else `model`): several ModelDeployments with one served name are
 the long/short pools and canaries of one model. A pool's endpoints are its ready pods
 (Ready condition true, an IP, not terminating), found by the operator's pod label
