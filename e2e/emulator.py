@@ -49,6 +49,8 @@ import kmock
 import yaml
 from kmock._internal import apps, dicts, enums
 
+from e2e import smp
+
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "e2e-admin"
 SA_PREFIX = "system:serviceaccount:"
@@ -226,6 +228,20 @@ class ApiServer(kmock.KubernetesEmulator):
                     if new.get("spec") != old.get("spec"):
                         meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
 
+    def _strategic(self, request: Any) -> None:
+        """A strategic merge patch (`kubectl apply` of a changed Deployment) becomes the
+        JSON merge patch with the same result (kmock applies only those)."""
+        ctype = next((v for k, v in (request.headers or {}).items() if k.lower() == "content-type"), "")
+        res = request.resource
+        if "strategic-merge-patch" not in ctype or res is None or not isinstance(request.data, dict):
+            return
+        old = self._stored(f"{res.group}/{res.version}/{res.plural}".lstrip("/"), request.namespace, request.name)
+        if old is None:
+            return
+        patch = smp.merge_patch(old, smp.apply(old, request.data))
+        request.data.clear()
+        request.data.update(patch)
+
     def _register_crd(self, crd: Mapping[str, Any]) -> None:
         spec = crd["spec"]
         names = spec["names"]
@@ -281,6 +297,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 message=f'{res.plural} is forbidden: User "{auth}" cannot {_verb(request)} resource '
                         f'"{res.plural}" in API group "{res.group}"'
                         + (f' in the namespace "{request.namespace}"' if request.namespace else ""))
+        self._strategic(request)
         self._stamp(request)
         response = await super()._handle(request)
         res = request.resource

@@ -72,14 +72,17 @@ class Decision:
 
 
 def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
-                    tolerance: float = TOLERANCE) -> int:
-    """HPA's replica calculation for an AverageValue pods metric (before clamping)."""
+                    tolerance: float = TOLERANCE, extra: float = 0.0) -> int:
+    """HPA's replica calculation for an AverageValue pods metric (before clamping).
+    `extra`: load no pod reports, added to the pods' sum (the requests the gateway
+    holds for this pool: with the gateway capping each replica at its maxNumSeqs, the
+    pods alone never read above target)."""
     reported = [s.value for s in samples if s.ready and s.value is not None]
     if not reported:
         return current  # no metrics at all: the HPA makes no change either
     missing = sum(1 for s in samples if not (s.ready and s.value is not None))
     missing += max(0, current - len(samples))  # asked for but not (yet) created
-    usage = sum(reported)
+    usage = sum(reported) + extra
     ratio = usage / (target * len(reported))
     if missing == 0:
         if abs(1.0 - ratio) <= tolerance:
@@ -136,14 +139,17 @@ def describe(policy: AutoscalingSpec, total: float) -> str:
 
 
 def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
-           policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = ()) -> Decision:
-    """One autoscaler evaluation."""
-    raw = metric_replicas(samples, current, policy.target)
-    recommendation = max(policy.min_replicas, min(policy.max_replicas, raw))
+           policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = (),
+           extra: float = 0.0) -> Decision:
+    """One autoscaler evaluation. With minReplicas 0 this rule never goes below 1:
+    only `scale_to_zero` (idle for the window) takes a model to zero."""
+    floor = max(1, policy.min_replicas)
+    raw = metric_replicas(samples, current, policy.target, extra=extra)
+    recommendation = max(floor, min(policy.max_replicas, raw))
     stabilized, new_history = stabilize(current, recommendation, history, now,
                                         policy.scale_up_stabilization_seconds,
                                         policy.scale_down_stabilization_seconds)
-    replicas = max(policy.min_replicas, min(policy.max_replicas, stabilized))
+    replicas = max(floor, min(policy.max_replicas, stabilized))
     rate_limited = False
     if replicas > current:
         limit = max(scale_up_limit(current, scale_ups, now), current)
@@ -153,12 +159,15 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     if replicas > current:
         recent += (ScaleUp(now, replicas - current),)
     reported = [s.value for s in samples if s.ready and s.value is not None]
-    total = float(sum(reported))
+    total = float(sum(reported)) + (extra if reported else 0.0)
     why = describe(policy, total)
+    if extra and reported:
+        why += f" (incl. {_fmt(extra)} held in the gateway)"
     if raw > policy.max_replicas and replicas == policy.max_replicas:
         why += f" (capped at maxReplicas {policy.max_replicas})"
-    elif raw < policy.min_replicas and replicas == policy.min_replicas:
-        why += f" (floored at minReplicas {policy.min_replicas})"
+    elif raw < floor and replicas == floor:
+        why += f" (floored at minReplicas {policy.min_replicas})" if floor == policy.min_replicas else \
+            " (at 1: scale to zero waits for the idle window)"
     if rate_limited:
         why += f" (at most +100% or +4 pods per {SCALE_UP_PERIOD_S:g}s)"
     if replicas < current and stabilized != recommendation:
@@ -172,6 +181,53 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     return Decision(replicas=replicas, recommendation=recommendation, waiting=total,
                     reported=len(reported), history=new_history, reason=reason,
                     scale_ups=recent)
+
+
+@dataclass(frozen=True)
+class ZeroDecision:
+    """The scale-to-zero rule's word. `replicas` None: not its call (the HPA rule above
+    decides, never below 1)."""
+
+    replicas: int | None
+    reason: str
+
+
+def scale_to_zero(current: int, policy: AutoscalingSpec, signal: Any, complete: bool,
+                  server_load: float | None, idle_start: float, now: float) -> ZeroDecision:
+    """minReplicas 0, KubeAI/KEDA style, on the gateway's signal (`gateway.PoolSignal`:
+    requests it holds and has in flight for this pool, the model's last request):
+
+    - at 0: to 1 as soon as any gateway replica holds a request for the pool (the HPA
+      rule takes over from there on the pods' metrics); else stay at 0;
+    - above 0: to 0 when every gateway replica answered (`complete`), none holds or has
+      in flight a request for the pool, the ready pods run and queue nothing
+      (`server_load` 0; None: a ready pod did not report, so it is not known), and the
+      last request is at least scaleToZeroIdleSeconds old. The window also counts from
+      `idle_start`: the last evaluation that saw the pool busy, a 0 -> 1, or when this
+      operator started watching (so a restart never ends it early)."""
+    idle_s = policy.scale_to_zero_idle_seconds
+    if current == 0:
+        if signal is not None and signal.waiting > 0:
+            return ZeroDecision(1, f"scaled 0 -> 1: {_fmt(signal.waiting)} request(s) waiting in the gateway")
+        if signal is None:
+            return ZeroDecision(0, "holding 0: no word from the gateway on this pool")
+        return ZeroDecision(0, "holding 0: no request waiting in the gateway")
+    if signal is None or not complete:
+        return ZeroDecision(None, "not scaling to zero: the gateway's counts are incomplete")
+    if signal.waiting > 0 or signal.inflight > 0:
+        return ZeroDecision(None, f"serving: {_fmt(signal.waiting)} waiting, {_fmt(signal.inflight)} in flight "
+                                  "in the gateway")
+    if server_load is None or server_load > 0:
+        return ZeroDecision(None, "serving: the servers report requests running or waiting"
+                            if server_load else "not scaling to zero: a ready pod did not report its load")
+    since = max(signal.last_request or 0.0, idle_start)
+    idle = now - since
+    if idle >= idle_s:
+        last = (f"last request {now - signal.last_request:.0f}s ago" if signal.last_request
+                else "no request yet")
+        return ZeroDecision(0, f"scaled {current} -> 0: idle for {idle:.0f}s (nothing waiting or in flight in "
+                               f"the gateway or running on the servers; {last}; scaleToZeroIdleSeconds {idle_s})")
+    return ZeroDecision(None, f"idle for {idle:.0f}s of {idle_s}s before scaling to zero")
 
 
 def seed_history(current: int, now: float) -> tuple[Recommendation, ...]:

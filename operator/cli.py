@@ -71,6 +71,12 @@ def operator_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-image", default=None, metavar="IMAGE",
                    help="Default server image for ModelDeployments without spec.image "
                         "(default: $PAGEFLEET_SERVER_IMAGE, else the built-in one).")
+    p.add_argument("--gateway-service", action="append", default=[], metavar="NS/NAME[:PORT]",
+                   help="The pagefleet gateway's Service (repeatable): every ready replica behind it "
+                        "is scraped for the requests it holds per model and pool, which scale "
+                        "ModelDeployments with minReplicas 0 up from zero (and count as load). "
+                        "PORT: the Service port's name or number (default http). Needs list on "
+                        "endpointslices in NS.")
     p.add_argument("--verbose", "-v", action="store_true", help="Log more.")
     return p
 
@@ -80,6 +86,13 @@ def run_operator(argv: list[str]) -> int:
     if args.all_namespaces and args.namespace:
         print("pagefleet operator: error: --all-namespaces and --namespace exclude each other",
               file=sys.stderr)
+        return 2
+    from pagefleet.operator import gateway
+
+    try:
+        gateway_refs = [gateway.parse_ref(v) for v in args.gateway_service]
+    except gateway.GatewayRefError as e:
+        print(f"pagefleet operator: error: --gateway-service: {e}", file=sys.stderr)
         return 2
     import kopf
 
@@ -94,6 +107,7 @@ def run_operator(argv: list[str]) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = list(args.namespace)
     memo = kopf.Memo()
+    memo["pf_gateway_refs"] = gateway_refs
     me = identity()
     memo["pf_settings"] = controller.Settings(
         default_image=args.server_image or os.environ.get(handlers.IMAGE_ENV, DEFAULT_IMAGE),

@@ -25,7 +25,18 @@ from typing import Any
 
 import aiohttp
 
-from pagefleet.operator import autoscale, crd, metrics, names, oom, resources, serverargs, status
+from pagefleet.operator import (
+    autoscale,
+    crd,
+    gateway,
+    inferencepool,
+    metrics,
+    names,
+    oom,
+    resources,
+    serverargs,
+    status,
+)
 from pagefleet.operator.kube import KubeClient, KubeError, object_path, path_for
 from pagefleet.operator.spec import (
     DEFAULT_IMAGE,
@@ -51,6 +62,9 @@ class State:
     failure: status.Failure | None = None
     last_warning: str | None = None     # one Warning Event per distinct problem
     metrics_ok: bool | None = None      # last MetricsAvailable, for its Events
+    gateway_ok: bool | None = None      # last word from the gateway (minReplicas 0), for its Events
+    idle_start: float | None = None     # scale to zero: the idle window counts from here at least
+    pool_warning: str | None = None     # one Warning Event per distinct InferencePool problem
     deleting: bool = False              # set by the delete handler: stop touching children
 
 
@@ -60,6 +74,10 @@ class Settings:
     scrape_timeout: float = metrics.DEFAULT_TIMEOUT_S
     session: aiohttp.ClientSession | None = None     # shared scrape session (None: one per round)
     instance: str = "pagefleet-operator"             # Events' reportingInstance
+    gateway: gateway.GatewayScraper | None = None    # --gateway-service (scale from zero)
+    gie_checked_at: float = -1e9                     # when the InferencePool API was last looked up
+    gie_present: bool = False
+    gie_recheck_s: float = 30.0
 
 
 class Conflict(Exception):
@@ -237,28 +255,139 @@ async def reconcile(kube: KubeClient, body: Mapping[str, Any], state: State, set
                                   f"with {replicas} replica(s)", instance=settings.instance)
         conds = status.conditions(deployment=deployment, desired=replicas, failure=None, current=True)
         cache = cache_condition(spec, modes)
+        pool_cond, pool_field = await _inference_pool_status(kube, body, state, settings, spec)
+        extra = [c for c in (cache, pool_cond) if c]
+        drop = tuple(t for t, c in (("CacheShared", cache), ("InferencePool", pool_cond)) if c is None)
         template = (deployment or {}).get("spec", {}).get("template", {})
         image = next((c.get("image") for c in template.get("spec", {}).get("containers", [])
                       if c.get("name") == resources.CONTAINER_NAME), spec.image)
         new = status.build_status(
-            old=body.get("status"), conditions=conds + ([cache] if cache else []),
+            old=body.get("status"), conditions=conds + extra,
             generation=spec.generation, now=status.now_iso(), deployment=deployment,
-            drop=() if cache else ("CacheShared",),
+            drop=drop, inferencePool=pool_field,
             observedGeneration=spec.generation, desiredReplicas=replicas,
             selector=resources.selector_string(spec.child_name), endpoint=resources.endpoint(spec),
             serverImage=image, templateHash=spec.spec_hash, lastScaleTime=state.last_scale_time)
         await write_status(kube, body, new)
 
 
-async def cleanup(kube: KubeClient, namespace: str, name: str) -> list[str]:
+async def inference_pools_installed(kube: KubeClient, settings: Settings) -> bool:
+    """Is the InferencePool API served? The discovery document of its group version
+    (no RBAC needed). A yes is trusted for `gie_recheck_s`; a no is looked up again at
+    the next reconcile, so a CRD installed later is picked up without a restart."""
+    now = time.monotonic()
+    if not settings.gie_present or now - settings.gie_checked_at >= settings.gie_recheck_s:
+        try:
+            doc = await kube.get(f"/apis/{crd.GIE_API_VERSION}")
+        except KubeError as e:
+            log.warning("cannot read the API discovery of %s: %s", crd.GIE_API_VERSION, e)
+            doc = None
+        settings.gie_present = inferencepool.api_has_inference_pools(doc)
+        settings.gie_checked_at = now
+    return settings.gie_present
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolResult:
+    """What became of the InferencePools of a namespace: per ModelDeployment that asks
+    for one, its pool's name or why there is none."""
+
+    installed: bool
+    pools: Mapping[str, str]          # ModelDeployment name -> InferencePool name
+    error: str | None = None
+
+
+async def sync_inference_pools(kube: KubeClient, namespace: str, settings: Settings,
+                               exclude: str | None = None) -> PoolResult:
+    """Make the namespace's InferencePools those its ModelDeployments ask for (create,
+    update, delete the ones the operator made that nobody asks for any more).
+    `exclude`: a ModelDeployment being deleted."""
+    if not await inference_pools_installed(kube, settings):
+        return PoolResult(False, {})
+    specs = []
+    for body in await kube.list(path_for(crd.API_VERSION, crd.PLURAL, namespace)):
+        meta = body.get("metadata") or {}
+        if meta.get("name") == exclude or meta.get("deletionTimestamp"):
+            continue
+        try:
+            specs.append(resolve(body, settings)[0])
+        except SpecError:
+            continue  # reported by its own reconcile
+    want = inferencepool.desired(specs, namespace)
+    members = {s.name: inferencepool.pool_name(s.served_model_name) for s in specs if s.gateway.inference_pool}
+    try:
+        live = await kube.list(path_for(crd.GIE_API_VERSION, crd.GIE_PLURAL, namespace),
+                               {"app.kubernetes.io/managed-by": resources.MANAGER})
+        for obj in want.values():
+            await apply(kube, obj, None)
+        for obj in live:
+            name = obj["metadata"]["name"]
+            if name not in want and inferencepool.ours(obj):
+                await kube.delete(path_for(crd.GIE_API_VERSION, crd.GIE_PLURAL, namespace, name))
+                log.info("%s: deleted InferencePool %s (no ModelDeployment asks for it)", namespace, name)
+    except (KubeError, Conflict) as e:
+        return PoolResult(True, members, str(e))
+    return PoolResult(True, members)
+
+
+def pool_condition(spec: ModelDeploymentSpec, result: PoolResult) -> dict[str, Any]:
+    if not result.installed:
+        return status.condition("InferencePool", False, "CRDNotInstalled",
+                                f"the InferencePool API ({crd.GIE_PLURAL}.{crd.GIE_GROUP}, "
+                                f"{crd.GIE_VERSION}) is not installed: no InferencePool emitted")
+    if result.error is not None:
+        return status.condition("InferencePool", False, "ApplyFailed", result.error)
+    name = result.pools.get(spec.name, inferencepool.pool_name(spec.served_model_name))
+    return status.condition("InferencePool", True, "Applied",
+                            f"InferencePool {name} selects the pods of model {spec.served_model_name} "
+                            f"in {spec.namespace}; endpoint picker {spec.gateway.endpoint_picker.name}"
+                            if spec.gateway.endpoint_picker else f"InferencePool {name}")
+
+
+async def _inference_pool_status(kube: KubeClient, body: Mapping[str, Any], state: State,
+                                 settings: Settings, spec: ModelDeploymentSpec) -> tuple[dict[str, Any] | None, Any]:
+    """Sync the namespace's pools; the InferencePool condition and status field of
+    this ModelDeployment (None / UNSET when it asks for none)."""
+    try:
+        result = await sync_inference_pools(kube, spec.namespace, settings)
+    except (KubeError, aiohttp.ClientError, OSError) as e:
+        result = PoolResult(True, {}, str(e))
+    if not spec.gateway.inference_pool:
+        if result.error:   # someone else's pool; reported on the ModelDeployments that ask for one
+            log.info("%s: InferencePool sync failed: %s", spec.namespace, result.error)
+        return None, status.UNSET
+    cond = pool_condition(spec, result)
+    if cond["status"] != "True":
+        if state.pool_warning != cond["message"]:
+            state.pool_warning = cond["message"]
+            await kube.post_event(body, "Warning", "InferencePool", cond["message"], instance=settings.instance)
+        return cond, status.UNSET
+    state.pool_warning = None
+    return cond, result.pools.get(spec.name)
+
+
+async def cleanup(kube: KubeClient, namespace: str, name: str,
+                  settings: Settings | None = None) -> list[str]:
     """Delete the children explicitly. Owner references make a real cluster's GC do
-    the same; this also covers API servers without GC and orphaning deletes."""
+    the same; this also covers API servers without GC and orphaning deletes. The
+    namespace's InferencePools are synced without this ModelDeployment (its model's
+    pool loses it as an owner, or goes with its last one)."""
     deleted = []
     child = names.child_name(name)
     for api_version, plural in (("apps/v1", "deployments"), ("v1", "services"),
                                 ("policy/v1", "poddisruptionbudgets")):
         if await kube.delete(path_for(api_version, plural, namespace, child)):
             deleted.append(plural)
+    if settings is not None:
+        # Never blocks the deletion (the finalizer): on a real cluster the garbage
+        # collector removes a pool whose last owner is gone anyway.
+        try:
+            result = await sync_inference_pools(kube, namespace, settings, exclude=name)
+            error = result.error
+        except (KubeError, aiohttp.ClientError, OSError) as e:
+            error = str(e)
+        if error:
+            log.warning("%s/%s: InferencePool sync on delete failed: %s", namespace, name, error)
     return deleted
 
 
@@ -314,13 +443,25 @@ async def evaluate(kube: KubeClient, body: Mapping[str, Any], state: State, sett
             metrics_cond = status.metrics_condition(samples, policy.metric, resources.PORT)
             await _metrics_events(kube, body, state, settings, metrics_cond)
             desired, fields = spec.replicas, {}
+            extra_conds: list[dict[str, Any]] = []
             if policy.enabled:
+                signal, view = await _gateway_signal(kube, body, state, settings, spec)
                 desired, fields = await _autoscale(kube, body, state, settings, spec, samples,
-                                                   current, deployment, now)
+                                                   current, deployment, now, signal, view)
                 deployment = fields.pop("_deployment")
+                zero_reason = fields.pop("_zero_reason")
+                fields["gatewayWaitingRequests"] = signal.waiting if signal else status.UNSET
+                fields["lastRequestTime"] = (status.to_iso(signal.last_request)
+                                             if signal and signal.last_request else status.UNSET)
+                if policy.scales_to_zero:
+                    extra_conds.append(status.active_condition(
+                        gateway=settings.gateway.describe() if settings.gateway else None,
+                        replicas=desired, signal=signal, errors=view.errors if view else (),
+                        reason=zero_reason, namespace=spec.namespace))
             else:
                 state.history = None  # re-seeded (from status) if autoscaling is turned on again
                 fields["autoscaler"] = status.UNSET
+                fields["gatewayWaitingRequests"] = fields["lastRequestTime"] = status.UNSET
             oom_fields, oom_cond, lowered = await _oom(kube, body, state, settings, spec, oom_state, pods, now)
             needs_reconcile = lowered
             reported = [s for s in samples if s.ready and s.value is not None]
@@ -331,8 +472,9 @@ async def evaluate(kube: KubeClient, body: Mapping[str, Any], state: State, sett
             conds = status.conditions(deployment=deployment, desired=desired, failure=state.failure,
                                       current=current_gen and state.failure is None)
             new_status = status.build_status(
-                old=body.get("status"), conditions=conds + [metrics_cond, oom_cond],
+                old=body.get("status"), conditions=conds + [metrics_cond, oom_cond] + extra_conds,
                 generation=spec.generation, now=status.now_iso(), deployment=deployment,
+                drop=() if extra_conds else ("Active",),
                 desiredReplicas=desired, selector=resources.selector_string(spec.child_name),
                 endpoint=resources.endpoint(spec), lastScaleTime=state.last_scale_time,
                 waitingRequests=sum(waiting) if waiting else status.UNSET,
@@ -358,16 +500,81 @@ async def _metrics_events(kube: KubeClient, body: Mapping[str, Any], state: Stat
     state.metrics_ok = ok
 
 
+async def _gateway_signal(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,
+                          spec: ModelDeploymentSpec) -> tuple[gateway.PoolSignal | None, gateway.View | None]:
+    """The gateway's counts for this pool (None without a gateway, or when no replica
+    of it could be read or watches this namespace). Events when it stops or resumes
+    answering, for models that scale to zero (they depend on it)."""
+    if settings.gateway is None:
+        return None, None
+    session = settings.session or metrics.new_session()
+    try:
+        view = await settings.gateway.view(session)
+    finally:
+        if settings.session is None:
+            await session.close()
+    signal = gateway.pool_signal(view, spec.namespace, spec.name, spec.served_model_name)
+    if spec.autoscaling.scales_to_zero:
+        ok = view.ok and signal is not None
+        if ok != state.gateway_ok:
+            if not ok:
+                why = view.errors[0] if view.errors else f"no gateway replica watches namespace {spec.namespace}"
+                await kube.post_event(body, "Warning", "GatewayMetricsUnavailable",
+                                      f"cannot read the gateway ({settings.gateway.describe()}): {why}; "
+                                      "holding the size (no scale from or to zero)", instance=settings.instance)
+            elif state.gateway_ok is False:
+                await kube.post_event(body, "Normal", "GatewayMetricsAvailable",
+                                      f"reading the gateway ({settings.gateway.describe()}) again",
+                                      instance=settings.instance)
+            state.gateway_ok = ok
+    return signal, view
+
+
+def _server_load(samples: Sequence[autoscale.PodSample]) -> float | None:
+    """Requests running or waiting on the ready pods; None when a ready pod did not
+    say (its load is unknown)."""
+    total = 0.0
+    for s in samples:
+        if not s.ready:
+            continue
+        if WAITING not in s.values or RUNNING not in s.values:
+            return None
+        total += s.values[WAITING] + s.values[RUNNING]
+    return total
+
+
 async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,
                      spec: ModelDeploymentSpec, samples: Sequence[autoscale.PodSample], current: int,
-                     deployment: dict[str, Any], now: float) -> tuple[int, dict[str, Any]]:
+                     deployment: dict[str, Any], now: float, signal: gateway.PoolSignal | None = None,
+                     view: gateway.View | None = None) -> tuple[int, dict[str, Any]]:
+    policy = spec.autoscaling
     if state.history is None:
         restored = autoscale.history_from_status(body.get("status"), status.from_iso)
         if restored is not None:
             state.history, state.scale_ups = restored
         else:
             state.history = autoscale.seed_history(current, now)
-    decision = autoscale.decide(samples, current, state.history, spec.autoscaling, now, state.scale_ups)
+    if state.idle_start is None:
+        state.idle_start = now
+    zero = autoscale.ZeroDecision(None, "")
+    if policy.scales_to_zero:
+        load = _server_load(samples)
+        if load is None or load > 0 or (signal is not None and (signal.waiting > 0 or signal.inflight > 0)):
+            state.idle_start = now        # busy now: the idle window starts over
+        zero = autoscale.scale_to_zero(current, policy, signal, bool(view and view.ok), load,
+                                       state.idle_start, now)
+    if zero.replicas is not None:
+        # At zero (or going there) there are no pods to measure: the history starts over.
+        ups = tuple(e for e in state.scale_ups if e.at > now - autoscale.SCALE_UP_PERIOD_S)
+        if zero.replicas > current:
+            ups += (autoscale.ScaleUp(now, zero.replicas - current),)
+            state.idle_start = now
+        history = state.history if zero.replicas == current else autoscale.seed_history(zero.replicas, now)
+        decision = autoscale.Decision(replicas=zero.replicas, recommendation=zero.replicas, waiting=0.0,
+                                      reported=0, history=history, reason=zero.reason, scale_ups=ups)
+    else:
+        held = signal.waiting if signal and policy.metric in (crd.METRIC_CONCURRENCY, crd.METRIC_WAITING) else 0.0
+        decision = autoscale.decide(samples, current, state.history, policy, now, state.scale_ups, extra=held)
     state.history, state.scale_ups = decision.history, decision.scale_ups
     if decision.replicas != current:
         deployment = await kube.patch(deployment_path(spec.namespace, spec.child_name),
@@ -384,7 +591,8 @@ async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, se
     refresh = max(float(policy.interval_seconds), 0.1 * min(windows)) if windows else float(policy.interval_seconds)
     kept = autoscale.persisted((body.get("status") or {}).get("autoscaler"), decision.history,
                                decision.scale_ups, now, refresh, status.to_iso, status.from_iso)
-    return decision.replicas, {"_deployment": deployment, "autoscaler": kept}
+    return decision.replicas, {"_deployment": deployment, "autoscaler": kept,
+                               "_zero_reason": zero.reason or decision.reason}
 
 
 async def _oom(kube: KubeClient, body: Mapping[str, Any], state: State, settings: Settings,

@@ -67,6 +67,16 @@ QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numk
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 MIN_MAX_RULE = "self.minReplicas <= self.maxReplicas"
+DEFAULT_IDLE_SECONDS = 300          # autoscaling.scaleToZeroIdleSeconds
+DEFAULT_GATEWAY_WEIGHT = 100        # gateway.weight (server/gateway/kube.py reads the same)
+DEFAULT_EPP_PORT = 9002             # the endpoint picker's gRPC port (GIE's default)
+EPP_FAILURE_MODES = ["FailClose", "FailOpen"]
+# Gateway API Inference Extension: the InferencePool the operator can emit.
+GIE_GROUP = "inference.networking.k8s.io"
+GIE_VERSION = "v1"
+GIE_API_VERSION = f"{GIE_GROUP}/{GIE_VERSION}"
+GIE_KIND = "InferencePool"
+GIE_PLURAL = "inferencepools"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -169,7 +179,10 @@ def autoscaling_schema() -> dict[str, Any]:
                        "spec.replicas is ignored.",
         "properties": {
             "enabled": _bool("Turn the autoscaler on.", False),
-            "minReplicas": _int(1, 1, "Lower bound of the replica count."),
+            "minReplicas": _int(0, 1, "Lower bound of the replica count. 0: scale to zero "
+                                "after scaleToZeroIdleSeconds without requests, and back to 1 "
+                                "when the pagefleet gateway holds a request for this model "
+                                "(needs the gateway and the operator's --gateway-service)."),
             "maxReplicas": _int(1, 4, "Upper bound of the replica count."),
             "metric": _str(
                 "What a replica's load is: `concurrency` (vllm:num_requests_running + "
@@ -190,10 +203,63 @@ def autoscaling_schema() -> dict[str, Any]:
             "scaleDownStabilizationSeconds": _int(0, 300, "Scale down to the highest "
                                                   "recommendation of this window."),
             "intervalSeconds": _int(1, 15, "Seconds between evaluations (and status updates)."),
+            "scaleToZeroIdleSeconds": _int(1, DEFAULT_IDLE_SECONDS, "With minReplicas 0: scale "
+                                           "to 0 once the model had no request in the gateway "
+                                           "and none in flight for this many seconds."),
         },
         # No fieldPath/reason: Kubernetes 1.27 (the oldest the chart supports) lacks them.
         "x-kubernetes-validations": [{"rule": MIN_MAX_RULE,
                                       "message": "minReplicas must be <= maxReplicas"}],
+    }
+
+
+def gateway_schema() -> dict[str, Any]:
+    """spec.gateway: what `pagefleet gateway` (Kubernetes discovery) and the optional
+    Gateway API Inference Extension InferencePool need. None of it shapes the pods."""
+    return {
+        "type": "object",
+        "description": "How the pagefleet gateway routes to this ModelDeployment (one pool of "
+                       "the model named servedModelName), and the optional InferencePool.",
+        "properties": {
+            "weight": _int(0, DEFAULT_GATEWAY_WEIGHT, "Rollout weight among the pools of the "
+                           "same model and context length (e.g. 90 and 10 for a canary); 0 "
+                           "drains this pool.", maximum=1000000),
+            "tokenizer": _str("What the gateway tokenizes prompts with (a Hub id or a path in "
+                              "the gateway pod; default: model). Set it when the gateway cannot "
+                              "read the model's path.", minLength=1),
+            "queueTimeoutSeconds": {
+                "type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 86400,
+                "description": "Seconds the gateway holds a request for this model while no "
+                               "replica can take it (the gateway's --queue-timeout otherwise): "
+                               "with minReplicas 0, cover a cold start (scheduling, image pull, "
+                               "model load). The largest value among the model's pools applies."},
+            "inferencePool": {
+                "type": "object",
+                "description": "Emit a Gateway API Inference Extension InferencePool "
+                               f"({GIE_API_VERSION}) for the model, so GIE-capable gateways "
+                               "(Envoy Gateway, kgateway, Istio) route to its pods through an "
+                               "endpoint picker (llm-d's reads the pods' llm-d.ai/role and "
+                               "llm-d.ai/context-length-range labels). Only when that CRD is "
+                               "installed; one pool per model name and namespace.",
+                "required": ["endpointPicker"],
+                "properties": {
+                    "enabled": _bool("Emit the InferencePool.", True),
+                    "endpointPicker": {
+                        "type": "object",
+                        "description": "The endpoint picker (EPP) Service the gateway consults.",
+                        "required": ["name"],
+                        "properties": {
+                            "name": _str("Name of the endpoint picker's Service (same "
+                                         "namespace).", minLength=1, maxLength=253),
+                            "port": _int(1, DEFAULT_EPP_PORT, "Its port.", maximum=65535),
+                            "failureMode": _str("What the gateway does when the picker does not "
+                                                "answer.", enum=EPP_FAILURE_MODES,
+                                                default="FailClose"),
+                        },
+                    },
+                },
+            },
+        },
     }
 
 
@@ -233,6 +299,7 @@ def spec_schema() -> dict[str, Any]:
             "replicas": _int(0, 1, "Replicas when autoscaling is off (the scale subresource "
                              "writes this)."),
             "autoscaling": autoscaling_schema(),
+            "gateway": gateway_schema(),
             "resources": {
                 "type": "object",
                 "description": "Per replica.",
@@ -317,7 +384,7 @@ def status_schema() -> dict[str, Any]:
         "required": ["type", "status"],
         "properties": {
             "type": _str("Available, Progressing, Degraded, Ready, Reconciling, Stalled, "
-                         "MetricsAvailable, OOMRemediation, CacheShared."),
+                         "MetricsAvailable, OOMRemediation, CacheShared, Active, InferencePool."),
             "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _str("Machine-readable reason."),
             "message": _str("Human-readable message."),
@@ -350,6 +417,13 @@ def status_schema() -> dict[str, Any]:
             "templateHash": _str("Hash of the spec (and remediation) the pod template was "
                                  "rendered from."),
             "lastScaleTime": _str("When the autoscaler last changed the replicas.", format="date-time"),
+            "gatewayWaitingRequests": {"type": "number", "description": "Requests the pagefleet "
+                                       "gateway holds for this pool (summed over the gateway's "
+                                       "replicas; absent when it was not read)."},
+            "lastRequestTime": _str("The model's last request through the gateway (the idle "
+                                    "window of scale to zero counts from it).", format="date-time"),
+            "inferencePool": _str("Name of the InferencePool this ModelDeployment's pods belong "
+                                  "to (with gateway.inferencePool)."),
             "autoscaler": {"type": "object", "description": "Autoscaler history, so an operator "
                            "restart keeps the stabilization windows and rate limit.", "properties": {
                                "recommendations": {"type": "array", "items": stamp,
@@ -372,7 +446,8 @@ def status_schema() -> dict[str, Any]:
             "conditions": {"type": "array", "items": condition,
                            "description": "Available, Progressing, Degraded and the "
                                           "kstatus trio Ready, Reconciling, Stalled, plus "
-                                          "MetricsAvailable, OOMRemediation and CacheShared.",
+                                          "MetricsAvailable, OOMRemediation, CacheShared, "
+                                          "Active (scale to zero) and InferencePool.",
                            "x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"]},
         },

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from pagefleet.operator import controller, crd, metrics, names, resources
+from pagefleet.operator import controller, crd, gateway, metrics, names, resources
 from pagefleet.operator.kube import KubeClient, KubeError, path_for
 from pagefleet.operator.spec import DEFAULT_IMAGE
 
@@ -72,6 +72,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     if "pf_settings" not in memo:
         memo["pf_settings"] = controller.Settings(default_image=os.environ.get(IMAGE_ENV, DEFAULT_IMAGE))
     memo["pf_settings"].session = metrics.new_session()
+    refs = memo.get("pf_gateway_refs") or []
+    if refs and memo["pf_settings"].gateway is None:
+        # The gateway's held requests wake models at zero (and add to the load).
+        memo["pf_settings"].gateway = gateway.GatewayScraper(memo["kube"], refs)
+        logger.info(f"Reading the gateway's counts from {memo['pf_settings'].gateway.describe()}.")
     peering = memo.get("pf_peering")
     if peering and not settings.peering.standalone:
         settings.peering.name = peering["name"]
@@ -192,7 +197,7 @@ async def delete(name: str, namespace: str, memo: kopf.Memo, logger: logging.Log
     async with state.lock:
         state.deleting = True
         try:
-            deleted = await controller.cleanup(memo["kube"], namespace, name)
+            deleted = await controller.cleanup(memo["kube"], namespace, name, memo["pf_settings"])
         except KubeError as e:
             raise kopf.TemporaryError(str(e), delay=5) from e
     memo["pf_states"].pop((namespace, name), None)

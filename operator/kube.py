@@ -42,7 +42,8 @@ def path_for(api_version: str, plural: str, namespace: str | None, name: str | N
 
 PLURALS = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "services"),
            "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"), "Pod": ("v1", "pods"),
-           "Event": ("v1", "events"), "PersistentVolumeClaim": ("v1", "persistentvolumeclaims")}
+           "Event": ("v1", "events"), "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"),
+           "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools")}
 
 
 def object_path(obj: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagefleet.operator import crd, serverargs
+from pagefleet.operator import crd, names, serverargs
 from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec
 from pagefleet.server.config import engine_flag
 
@@ -26,6 +26,13 @@ METRICS_PATH = "/metrics"
 API_KEY_ENV = "PAGEFLEET_API_KEY"
 HF_TOKEN_ENV = "HF_TOKEN"
 LABEL_MDEP = "pagefleet.dev/model-deployment"
+LABEL_SERVED = "pagefleet.dev/served-model"        # every pod of one model name (InferencePool)
+# llm-d's endpoint picker reads these (pd_role filters, context-length-aware scorer):
+# a pagefleet server does prefill and decode itself, and holds requests of up to
+# max-model-len tokens.
+LLMD_ROLE_LABEL = "llm-d.ai/role"
+LLMD_ROLE = "prefill-decode"
+LLMD_CONTEXT_LABEL = "llm-d.ai/context-length-range"
 LAST_APPLIED = "pagefleet.dev/last-applied"
 TEMPLATE_HASH = "pagefleet.dev/template-hash"
 MANAGER = "pagefleet-operator"
@@ -74,6 +81,30 @@ def labels(spec: ModelDeploymentSpec) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGER,
         **selector_labels(spec.child_name),
     }
+
+
+def served_label(served_model_name: str) -> str:
+    """The served model name as a label value (names.child_name: valid, and distinct
+    for look-alikes such as `Qwen/Qwen2.5-7B` and `qwen-qwen2-5-7b`)."""
+    return names.child_name(served_model_name)
+
+
+def max_model_len(spec: ModelDeploymentSpec) -> int | None:
+    """The context length the servers run with, when the spec says it (the engine
+    field or --max-model-len in extraArgs); None: the model's own, unknown here."""
+    value = serverargs.parse(spec.extra_args).get("max_model_len", spec.engine.get("maxModelLen"))
+    return int(value) if value else None
+
+
+def pod_labels(spec: ModelDeploymentSpec) -> dict[str, str]:
+    """The pods' own labels: the operator's, the model name, and llm-d's role and
+    context-length range (`0-<max-model-len>`: the picker prefers the tightest range
+    that holds a request, which is the gateway's smallest-fitting-pool rule)."""
+    out = {**labels(spec), LABEL_SERVED: served_label(spec.served_model_name), LLMD_ROLE_LABEL: LLMD_ROLE}
+    length = max_model_len(spec)
+    if length:
+        out[LLMD_CONTEXT_LABEL] = f"0-{length}"
+    return out
 
 
 def endpoint(spec: ModelDeploymentSpec) -> str:
@@ -274,7 +305,7 @@ def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
                    "prometheus.io/port": str(PORT), "prometheus.io/path": METRICS_PATH,
                    TEMPLATE_HASH: spec.spec_hash}
     return {
-        "metadata": {"labels": {**spec.pod_labels, **labels(spec)}, "annotations": annotations},
+        "metadata": {"labels": {**spec.pod_labels, **pod_labels(spec)}, "annotations": annotations},
         "spec": pod_spec,
     }
 

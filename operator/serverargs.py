@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagefleet.server.cli import serve_parser, strip_ignored_flags
-from pagefleet.server.config import EngineConfig, ServerConfig
+from pagefleet.server.config import EngineConfig, ServerConfig, default_limits
 
 # dest -> why the operator owns it.
 RESERVED: dict[str, str] = {
@@ -78,8 +78,15 @@ _DEFAULTS = {f.name: f.default for cls in (EngineConfig, ServerConfig) for f in 
 
 def effective(argv: Sequence[str], name: str) -> Any:
     """What the server will use for config field `name` given the full argv."""
-    return parse(argv).get(name, _DEFAULTS[name])
+    return parse(argv).get(name, default(name))
 
 
 def default(name: str) -> Any:
-    return _DEFAULTS[name]
+    """The server's default for a config field. The batch limits the server picks by
+    device (`config.default_limits`: `--max-num-seqs` 256, or 1024 on GPUs of 70 GiB
+    and more) are unknown to the operator, which takes the smaller device's value."""
+    value = _DEFAULTS[name]
+    if value is None and name in ("max_num_seqs", "max_num_batched_tokens"):
+        seqs, tokens = default_limits("server", None)
+        return seqs if name == "max_num_seqs" else tokens
+    return value

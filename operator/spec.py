@@ -50,6 +50,12 @@ class AutoscalingSpec:
     scale_up_stabilization_seconds: int = 0
     scale_down_stabilization_seconds: int = 300
     interval_seconds: int = 15
+    scale_to_zero_idle_seconds: int = crd.DEFAULT_IDLE_SECONDS
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """minReplicas 0 with autoscaling on: the gateway's held requests wake it."""
+        return self.enabled and self.min_replicas == 0
 
     @property
     def samples(self) -> tuple[str, ...]:
@@ -83,6 +89,28 @@ class ModelCacheSpec:
 class DisruptionSpec:
     max_unavailable: int = 1
     evict_last_replica: bool = False
+
+
+@dataclass(frozen=True)
+class EndpointPickerSpec:
+    name: str
+    port: int = crd.DEFAULT_EPP_PORT
+    failure_mode: str = "FailClose"
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """spec.gateway: read by the gateway itself (weight, tokenizer, queue timeout) and
+    by the operator (the InferencePool). Nothing here shapes the pods."""
+
+    weight: int = crd.DEFAULT_GATEWAY_WEIGHT
+    tokenizer: str | None = None
+    queue_timeout_seconds: float | None = None
+    endpoint_picker: EndpointPickerSpec | None = None   # set: emit the InferencePool
+
+    @property
+    def inference_pool(self) -> bool:
+        return self.endpoint_picker is not None
 
 
 @dataclass(frozen=True)
@@ -130,6 +158,7 @@ class ModelDeploymentSpec:
     security_context: dict[str, Any] = field(default_factory=dict)
     disruption: DisruptionSpec = DisruptionSpec()
     oom: OOMSpec = OOMSpec()
+    gateway: GatewaySpec = GatewaySpec()
     spec_hash: str = ""              # hash of what the pod template is rendered from
     gpu_memory_utilization_override: float | None = None   # OOM remediation's, rendered last
 
@@ -321,7 +350,7 @@ def _autoscaling(r: _Reader | None, max_num_seqs: int) -> AutoscalingSpec:
             raise SpecError(r.at("target"), f"is required for the gauge {metric!r}")
     spec = AutoscalingSpec(
         enabled=bool(r.boolean("enabled")),
-        min_replicas=r.integer("minReplicas", minimum=1) or d.min_replicas,
+        min_replicas=_or(r.integer("minReplicas", minimum=0), d.min_replicas),
         max_replicas=r.integer("maxReplicas", minimum=1) or d.max_replicas,
         metric=metric,
         target=float(target),
@@ -330,6 +359,8 @@ def _autoscaling(r: _Reader | None, max_num_seqs: int) -> AutoscalingSpec:
         scale_down_stabilization_seconds=_or(r.integer("scaleDownStabilizationSeconds", minimum=0),
                                              d.scale_down_stabilization_seconds),
         interval_seconds=r.integer("intervalSeconds", minimum=1) or d.interval_seconds,
+        scale_to_zero_idle_seconds=r.integer("scaleToZeroIdleSeconds", minimum=1)
+        or d.scale_to_zero_idle_seconds,
     )
     if spec.min_replicas > spec.max_replicas:  # the CRD's CEL rule crd.MIN_MAX_RULE
         raise SpecError(r.at("minReplicas"), f"must be <= maxReplicas (got {spec.min_replicas} > "
@@ -339,6 +370,30 @@ def _autoscaling(r: _Reader | None, max_num_seqs: int) -> AutoscalingSpec:
 
 def _or(v: Any, default: Any) -> Any:
     return default if v is None else v
+
+
+def _gateway(r: _Reader | None) -> GatewaySpec:
+    if r is None:
+        return GatewaySpec()
+    d = GatewaySpec()
+    timeout = r.number("queueTimeoutSeconds", above=0)
+    if timeout is not None and timeout > 86400:
+        raise SpecError(r.at("queueTimeoutSeconds"), f"must be <= 86400 (got {timeout:g})")
+    picker = None
+    pool = r.sub("inferencePool")
+    if pool is not None and _or(pool.boolean("enabled"), True):
+        epp = pool.sub("endpointPicker")
+        if epp is None:
+            raise SpecError(pool.at("endpointPicker"), "is required (the endpoint picker Service "
+                            "the InferencePool names)")
+        mode = epp.choice("failureMode", crd.EPP_FAILURE_MODES) or "FailClose"
+        picker = EndpointPickerSpec(name=epp.string("name", required=True) or "",
+                                    port=_or(epp.integer("port", minimum=1, maximum=65535),
+                                             crd.DEFAULT_EPP_PORT),
+                                    failure_mode=mode)
+    return GatewaySpec(weight=_or(r.integer("weight", minimum=0, maximum=1000000), d.weight),
+                       tokenizer=r.string("tokenizer"), queue_timeout_seconds=timeout,
+                       endpoint_picker=picker)
 
 
 def _secret_ref(r: _Reader | None, default_key: str) -> SecretKeyRef | None:
@@ -380,12 +435,12 @@ def _check_volumes(r: _Reader, volumes: list[dict[str, Any]], mounts: list[dict[
 
 
 # Spec fields that do not shape the pod template (a change of them rolls no pod).
-NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation")
+NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation", "gateway")
 
 
 def spec_hash(spec_raw: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
     """Hash of what the pod template is rendered from: the spec without the fields
-    that do not shape it (replicas, autoscaling, disruption, OOM policy), plus
+    that do not shape it (replicas, autoscaling, disruption, OOM policy, gateway), plus
     operator-side inputs such as
     the OOM-lowered gpuMemoryUtilization. Equal hash: the template stays as it is."""
     data = {k: v for k, v in spec_raw.items() if k not in NOT_IN_TEMPLATE}
@@ -477,5 +532,6 @@ def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -
             max_unavailable=_or(disruption.integer("maxUnavailable", minimum=1), 1),
             evict_last_replica=bool(disruption.boolean("evictLastReplica"))) if disruption else DisruptionSpec(),
         oom=_oom(r.sub("oomRemediation")),
+        gateway=_gateway(r.sub("gateway")),
         spec_hash=spec_hash(spec_raw),
     )

@@ -18,6 +18,9 @@ wait --for=condition=Available mdep/x` works:
   gpuMemoryUtilization after repeated OOMs.
 - CacheShared: only with a modelCache: False when its PVC can be mounted on one node
   only (every replica must then run there; rollouts replace pods one at a time).
+- Active: only with minReplicas 0: True while the model serves, False once it is
+  scaled to zero, Unknown when the gateway's counts cannot be read.
+- InferencePool: only with gateway.inferencePool: whether its InferencePool exists.
 
 `status.observedGeneration` is the last generation whose children were all applied;
 each condition carries the generation it describes.
@@ -165,7 +168,7 @@ def build_status(*, old: Mapping[str, Any] | None, conditions: Sequence[Mapping[
 
 
 _ORDER = ("Available", "Progressing", "Degraded", "Ready", "Reconciling", "Stalled",
-          "MetricsAvailable", "OOMRemediation", "CacheShared")
+          "MetricsAvailable", "OOMRemediation", "CacheShared", "Active", "InferencePool")
 
 
 def _ordered(conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,6 +204,31 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
 
 def get_condition(st: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
     return next((c for c in (st or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def active_condition(*, gateway: str | None, replicas: int, signal: Any, errors: Sequence[str],
+                     reason: str, namespace: str) -> dict[str, Any]:
+    """Active (minReplicas 0 only), KEDA's word for "not scaled to zero". `gateway`:
+    the Services the operator scrapes (None: none configured); `signal`: the gateway's
+    counts for this pool (gateway.PoolSignal, None when not read); `reason`: the
+    scale-to-zero rule's last line."""
+    if gateway is None:
+        return condition("Active", None, "NoGateway",
+                         "minReplicas is 0 but the operator reads no gateway (--gateway-service): "
+                         "nothing will scale this model up from zero")
+    if signal is None:
+        if errors:
+            return condition("Active", None, "GatewayMetricsUnavailable",
+                             f"cannot read the gateway ({gateway}): {errors[0]}")
+        return condition("Active", None, "NotInGateway",
+                         f"no replica of the gateway ({gateway}) watches namespace {namespace}")
+    if replicas == 0:
+        return condition("Active", False, "ScaledToZero",
+                         "scaled to zero; the gateway holds the next request and the operator "
+                         "scales 0 -> 1 for it")
+    if signal.waiting > 0:
+        return condition("Active", True, "RequestsWaiting", reason)
+    return condition("Active", True, "Serving", reason)
 
 
 def metrics_condition(samples: Sequence[Any], metric: str, port: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hmac
 import json
 import logging
 import re
@@ -228,6 +229,19 @@ class Gateway:
                            {"Retry-After": retry_after_header(wait)})
         return info.name if info else "-"
 
+    def check_model_key(self, model: ModelState, request: Request) -> None:
+        """Kubernetes discovery without --api-keys-file: a model whose servers want a key
+        (apiKeySecretRef) takes only clients that present it. Checked before the request
+        may wait, so a wrong key cannot wake a model from zero or hold a queue slot."""
+        if self.api_keys is not None or not model.spec.require_pool_key:
+            return
+        token = bearer(request) or ""
+        keys = [p.spec.api_key for p in model.pools.values() if p.spec.api_key]
+        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+            raise APIError(401, "Unauthorized: this model needs its API key in an "
+                                "'Authorization: Bearer <key>' header", None,
+                           {"WWW-Authenticate": "Bearer"})
+
     def priority_of(self, parsed: ParsedRequest, request: Request) -> int:
         if parsed.priority is not None:
             return parsed.priority
@@ -295,6 +309,7 @@ class Gateway:
         key_name = self.check_key(request)
         parsed = parse_request(kind, raw)
         model = self.resolve_model(parsed.model)
+        self.check_model_key(model, request)
         model.touch()
         priority = self.priority_of(parsed, request)
         fits, ids_by_key, blocks = await self.fit(model, parsed)

@@ -66,6 +66,7 @@ class ModelSpec:
     queue_timeout: float | None = None   # overrides --queue-timeout
     max_num_queued_requests: int | None = None
     scale_from_zero: bool = False        # listed in /v1/models with no ready replica
+    require_pool_key: bool = False       # Kubernetes: clients must present a pool's key
 
 
 @dataclass(frozen=True)

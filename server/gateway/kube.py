@@ -1,7 +1,7 @@
 """Kubernetes discovery: ModelDeployments and their ready pods, listed then watched.
 
-Read-only: the gateway needs `get/list/watch` on `modeldeployments.pagefleet.dev` and
-on `pods`, nothing else. Each ModelDeployment is a pool of the model named by its
+Read-only: the gateway needs `list/watch` on `modeldeployments.pagefleet.dev` and on
+`pods`, and `get` on the Secrets that `apiKeySecretRef`s name, nothing else. Each ModelDeployment is a pool of the model named by its
 `servedModelName` (else `model`): several ModelDeployments with one served name are
 the long/short pools and canaries of one model. A pool's endpoints are its ready pods
 (Ready condition true, an IP, not terminating), found by the operator's pod label
@@ -10,8 +10,13 @@ the long/short pools and canaries of one model. A pool's endpoints are its ready
 From the ModelDeployment spec: `engine.maxModelLen` (context class; unset: learned
 from a replica), `engine.blockSize`, `engine.maxNumSeqs` (in-flight cap per replica),
 `engine.schedulingPolicy`, `gateway.weight` (rollout weight, default 100),
-`gateway.tokenizer` (else `model`: what the gateway tokenizes with), and
-`autoscaling.minReplicas: 0` with autoscaling on (listed in /v1/models while at zero).
+`gateway.tokenizer` (else `model`: what the gateway tokenizes with),
+`gateway.queueTimeoutSeconds` (how long a request may wait for the model: the largest
+of its pools'), `autoscaling.minReplicas: 0` with autoscaling on (listed in /v1/models
+while at zero), and `apiKeySecretRef`: the gateway reads that Secret's key (`get` on
+that one Secret; the chart grants it by name) and sends it to the pool's servers, and
+without `--api-keys-file` it also requires clients of the model to present it. A
+Secret it cannot read is logged and the client's own header goes through.
 
 The client is a small async one on httpx (the server image's own dependency): in a pod
 it uses the service account's token and CA; elsewhere the current context of
@@ -66,9 +71,35 @@ def _pool_name(md: dict, all_namespaces: bool) -> str:
     return f"{meta['namespace']}/{meta['name']}" if all_namespaces else meta["name"]
 
 
-def fleet_from_objects(mdeps: list[dict], pods: list[dict], all_namespaces: bool = False) -> FleetSpec:
+def secret_ref(md: dict) -> tuple[str, str, str] | None:
+    """(namespace, Secret name, key) of a ModelDeployment's apiKeySecretRef."""
+    ref = (md.get("spec") or {}).get("apiKeySecretRef")
+    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
+        return None
+    key = ref.get("key") if isinstance(ref.get("key"), str) and ref.get("key") else "api-key"
+    return md["metadata"].get("namespace", ""), ref["name"], key
+
+
+def secret_value(secret: dict, key: str) -> str | None:
+    """A key of a Secret (base64 `data`, or `stringData` as some emulators keep it)."""
+    import base64
+    import binascii
+
+    data = secret.get("data") or {}
+    if key in data:
+        try:
+            return base64.b64decode(data[key]).decode().strip() or None
+        except (binascii.Error, UnicodeDecodeError, TypeError):
+            return None
+    value = (secret.get("stringData") or {}).get(key)
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def fleet_from_objects(mdeps: list[dict], pods: list[dict], all_namespaces: bool = False,
+                       keys: dict[tuple[str, str, str], str] | None = None) -> FleetSpec:
     """ModelDeployments + pods -> FleetSpec (pure). Pods map to their ModelDeployment
-    by the operator's label, within one namespace."""
+    by the operator's label, within one namespace. `keys`: the API keys read from the
+    Secrets of `apiKeySecretRef`s, by (namespace, Secret, key)."""
     by_md: dict[tuple[str, str], list[dict]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -96,6 +127,7 @@ def fleet_from_objects(mdeps: list[dict], pods: list[dict], all_namespaces: bool
             weight=float(weight) if isinstance(weight, (int, float)) and weight >= 0 else 100.0,
             max_inflight=_pos_int(engine.get("maxNumSeqs")),
             scheduling_policy="priority" if engine.get("schedulingPolicy") == "priority" else "fcfs",
+            api_key=(keys or {}).get(secret_ref(md) or ("", "", "")),
             tokenizer=gw.get("tokenizer") or spec.get("model"))
         models.setdefault(served, []).append((md, pool))
     out = []
@@ -103,8 +135,12 @@ def fleet_from_objects(mdeps: list[dict], pods: list[dict], all_namespaces: bool
         specs = [md.get("spec") or {} for md, _ in entries]
         zero = any((s.get("autoscaling") or {}).get("enabled")
                    and (s.get("autoscaling") or {}).get("minReplicas") == 0 for s in specs)
+        timeouts = [t for s in specs for t in [(s.get("gateway") or {}).get("queueTimeoutSeconds")]
+                    if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0]
         out.append(ModelSpec(name=name, pools=tuple(p for _, p in entries),
-                             root=specs[0].get("model"), scale_from_zero=zero))
+                             root=specs[0].get("model"), scale_from_zero=zero,
+                             queue_timeout=float(max(timeouts)) if timeouts else None,
+                             require_pool_key=any(p.api_key for _, p in entries)))
     return FleetSpec(models=tuple(out))
 
 
@@ -135,6 +171,11 @@ class KubeAPI:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    async def get(self, path: str) -> dict:
+        r = await self.client.get(path)
+        r.raise_for_status()
+        return r.json()
 
     async def list(self, path: str, params: dict | None = None) -> tuple[list[dict], str]:
         r = await self.client.get(path, params=params)
@@ -191,15 +232,19 @@ class KubernetesDiscovery:
     """List, then watch, ModelDeployments and pods; apply a new FleetSpec on change."""
 
     def __init__(self, namespace: str | None = None, api: KubeAPI | None = None,
-                 relist_delay: float = 2.0) -> None:
+                 relist_delay: float = 2.0, secret_refresh: float = 60.0) -> None:
         self.namespace = namespace or own_namespace()
         self.all_namespaces = self.namespace == "*"
         self.api = api
         self.relist_delay = relist_delay
+        self.secret_refresh = secret_refresh
         self.mdeps: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
+        self.keys: dict[tuple[str, str, str], str] = {}
+        self._key_errors: dict[tuple[str, str, str], str] = {}
         self._last: FleetSpec | None = None
         self._md_rv = self._pod_rv = ""
+        self._keys_changed = asyncio.Event()
 
     def _paths(self) -> tuple[str, str]:
         if self.all_namespaces:
@@ -214,7 +259,30 @@ class KubernetesDiscovery:
 
     def spec(self) -> FleetSpec:
         return fleet_from_objects(list(self.mdeps.values()), list(self.pods.values()),
-                                  self.all_namespaces)
+                                  self.all_namespaces, self.keys)
+
+    async def refresh_keys(self) -> bool:
+        """Read the Secret of every apiKeySecretRef (one GET each: the gateway needs
+        `get` on those Secrets only, no list or watch of Secrets). True when a key
+        changed. A Secret that cannot be read keeps no key (the client's header then
+        reaches the servers) and is logged once per distinct error."""
+        refs = {r for md in self.mdeps.values() if (r := secret_ref(md)) is not None}
+        keys: dict[tuple[str, str, str], str] = {}
+        for ns, name, key in sorted(refs):
+            try:
+                value = secret_value(await self.api.get(f"/api/v1/namespaces/{ns}/secrets/{name}"), key)
+                error = None if value else f"Secret {ns}/{name} has no key {key!r}"
+            except (httpx.HTTPError, ValueError) as e:
+                value, error = None, f"cannot read Secret {ns}/{name}: {e}"
+            if value:
+                keys[(ns, name, key)] = value
+                self._key_errors.pop((ns, name, key), None)
+            elif self._key_errors.get((ns, name, key)) != error:
+                self._key_errors[(ns, name, key)] = error
+                log.warning("%s; requests to its pools carry the client's Authorization header", error)
+        changed = keys != self.keys
+        self.keys = keys
+        return changed
 
     async def first(self) -> FleetSpec:
         if self.api is None:
@@ -224,6 +292,7 @@ class KubernetesDiscovery:
         self.mdeps = {self._key(o): o for o in items}
         items, self._pod_rv = await self.api.list(pod_path, {"labelSelector": POD_LABEL})
         self.pods = {self._key(o): o for o in items}
+        await self.refresh_keys()
         self._last = self.spec()
         log.info("kubernetes discovery (%s): %d ModelDeployment(s), %d pod(s)",
                  "all namespaces" if self.all_namespaces else f"namespace {self.namespace}",
@@ -234,7 +303,23 @@ class KubernetesDiscovery:
         md_path, pod_path = self._paths()
         await asyncio.gather(
             self._watch_loop(md_path, {}, self.mdeps, "_md_rv", apply),
-            self._watch_loop(pod_path, {"labelSelector": POD_LABEL}, self.pods, "_pod_rv", apply))
+            self._watch_loop(pod_path, {"labelSelector": POD_LABEL}, self.pods, "_pod_rv", apply),
+            self._keys_loop(apply))
+
+    async def _keys_loop(self, apply: Callable[[FleetSpec], None]) -> None:
+        """Re-read the Secrets when a ModelDeployment changes and every
+        `secret_refresh` seconds (a rotated key is picked up without a restart)."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._keys_changed.wait(), self.secret_refresh)
+            self._keys_changed.clear()
+            try:
+                if await self.refresh_keys():
+                    self._publish(apply)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep refreshing
+                log.warning("reading the API key Secrets failed (%s); retrying", e)
 
     async def _watch_loop(self, path: str, params: dict, store: dict[str, dict], rv_attr: str,
                           apply: Callable[[FleetSpec], None]) -> None:
@@ -262,6 +347,8 @@ class KubernetesDiscovery:
                             store.pop(self._key(obj), None)
                         else:
                             continue                       # BOOKMARK
+                        if store is self.mdeps:
+                            self._keys_changed.set()
                         self._publish(apply)
             except asyncio.CancelledError:
                 raise

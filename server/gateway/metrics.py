@@ -50,6 +50,11 @@ class _StateCollector:
         last = GaugeMetricFamily("pagefleet_gateway_last_request_timestamp_seconds",
                                  "Unix time of the model's last request (idle windows).",
                                  labels=["model_name"])
+        info = GaugeMetricFamily("pagefleet_gateway_discovery_info",
+                                 "Where the fleet comes from; namespace: the one watched ('*': "
+                                 "all, pools then named <namespace>/<name>).",
+                                 labels=["discovery", "namespace"])
+        info.add_metric([gw.cfg.discovery, str(getattr(gw.discovery, "namespace", "") or "")], 1.0)
         for m in gw.models.values():
             waiting.add_metric([m.name], gw.dispatcher.waiting(m.name))
             last.add_metric([m.name], m.last_request_time)
@@ -62,7 +67,7 @@ class _StateCollector:
                     inflight.add_metric(labels, e.inflight)
                     ep_ready.add_metric(labels, 1.0 if e.ready else 0.0)
                     index.add_metric(labels, p.index.size(e.name))
-        yield from (waiting, pool_waiting, ready, inflight, ep_ready, index, last)
+        yield from (waiting, pool_waiting, ready, inflight, ep_ready, index, last, info)
 
 
 class GatewayMetrics:

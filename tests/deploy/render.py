@@ -34,6 +34,7 @@ HEADER = ("# Generated from charts/pagefleet by `python tests/deploy/render.py -
 MONITORING_VALUES = {"monitoring.serviceMonitor.enabled": "true",
                      "monitoring.prometheusRule.enabled": "true",
                      "monitoring.dashboard.enabled": "true"}
+GATEWAY_VALUES = {"gateway.enabled": "true"}
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
@@ -106,7 +107,32 @@ def manifest_files() -> dict[str, str]:
     files["monitoring/servicemonitor.yaml"] = _dump(by_kind["ServiceMonitor"])
     files["monitoring/prometheusrule.yaml"] = _dump(by_kind["PrometheusRule"])
     files["monitoring/grafana-dashboard.yaml"] = _dump(by_kind["ConfigMap"])
+    # The gateway (off by default): what a gateway-enabled render adds to or changes in
+    # the default one, for `kubectl apply -f manifests/gateway/` after manifests/.
+    default = {_key(o): o for o in base}
+    added = [o for o in (_strip_helm(o) for o in render(GATEWAY_VALUES, include_crds=False))
+             if default.get(_key(o)) != o]
+    note = ("# The gateway: apply after manifests/ (`kubectl apply -f manifests/gateway/`). The\n"
+            "# operator Deployment here adds --gateway-service (scale from zero).\n")
+
+    def is_gateway_deployment(o: dict[str, Any]) -> bool:
+        return o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+
+    groups = {
+        "gateway/gateway.yaml": [o for o in added if o["kind"] in ("ServiceAccount", "Service", "PodDisruptionBudget")
+                                 or is_gateway_deployment(o)],
+        "gateway/operator.yaml": [o for o in added if o["kind"] == "Deployment" and not is_gateway_deployment(o)],
+        "gateway/rbac.yaml": [o for o in added if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role",
+                                                                "RoleBinding")],
+    }
+    if sum(len(g) for g in groups.values()) != len(added):
+        raise AssertionError(f"unplaced kinds in the gateway render: {sorted({o['kind'] for o in added})}")
+    files.update({rel: _dump(objs, note) for rel, objs in groups.items()})
     return files
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
 
 
 def write() -> list[Path]:

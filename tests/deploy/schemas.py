@@ -95,3 +95,40 @@ def validate_cr(obj: dict[str, Any], crd: dict[str, Any]) -> None:
     jsonschema.Draft4Validator(schema).validate(obj)
     name = obj["metadata"]["name"]
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+
+
+# Gateway API Inference Extension, inference.networking.k8s.io/v1 InferencePool: the
+# fields the operator writes, typed and bounded as the API's Go types declare them
+# (api/v1/inferencepool_types.go: selector.matchLabels, one targetPort 1..65535,
+# endpointPickerRef with a name, kind Service by default, failureMode FailOpen|FailClose,
+# and the CEL rule "kind != 'Service' || has(port)", checked by validate_inference_pool).
+_PORT = {"type": "object", "additionalProperties": False, "required": ["number"],
+         "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}}}
+INFERENCE_POOL_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "inference.networking.k8s.io/v1"}, "kind": {"const": "InferencePool"},
+        "metadata": _META,
+        "spec": {"type": "object", "additionalProperties": False,
+                 "required": ["selector", "targetPorts", "endpointPickerRef"],
+                 "properties": {
+                     "selector": {"type": "object", "additionalProperties": False, "required": ["matchLabels"],
+                                  "properties": {"matchLabels": {**_STR_MAP, "minProperties": 1}}},
+                     "targetPorts": {"type": "array", "minItems": 1, "maxItems": 1, "items": _PORT},
+                     "endpointPickerRef": {
+                         "type": "object", "additionalProperties": False, "required": ["name"],
+                         "properties": {
+                             "group": {"type": "string", "maxLength": 253},
+                             "kind": {"type": "string", "minLength": 1, "maxLength": 63,
+                                      "pattern": r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"},
+                             "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                             "port": _PORT,
+                             "failureMode": {"enum": ["FailOpen", "FailClose"]}}}}}}}
+
+
+def validate_inference_pool(obj: dict[str, Any]) -> None:
+    jsonschema.validate(obj, INFERENCE_POOL_SCHEMA)
+    ref = obj["spec"]["endpointPickerRef"]
+    if ref.get("kind", "Service") == "Service" and "port" not in ref:
+        raise jsonschema.ValidationError("endpointPickerRef: port is required when kind is 'Service'")
+

@@ -30,6 +30,14 @@ VALUE_SETS: dict[str, dict[str, str]] = {
     "network-policy": {"networkPolicy.enabled": "true", "networkPolicy.namespaces": "{models,team-b}"},
     "no-rbac-existing-sa": {"rbac.create": "false", "serviceAccount.create": "false",
                             "serviceAccount.name": "my-operator"},
+    # The gateway: all namespaces (ClusterRole), or the one namespace of a namespaced install
+    # (Roles only), with a key Secret it may read and the network policies.
+    "gateway": {"gateway.enabled": "true"},
+    "gateway-namespaced": {"gateway.enabled": "true", "rbac.namespaced": "true",
+                           "operator.watchNamespaces": "{team-a}", "gateway.apiKeySecrets": "{team-a-key}",
+                           "gateway.replicas": "1", "rbac.inferencePools": "false"},
+    "gateway-network-policy": {"gateway.enabled": "true", "networkPolicy.enabled": "true",
+                               "networkPolicy.namespaces": "{models}", "gateway.namespace": "models"},
 }
 ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
@@ -98,6 +106,7 @@ NAMESPACED_GRANTS = {
     *{(g, r, v) for g, r in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets"))
       for v in ("get", "list", "watch", "create", "patch", "delete")},
     ("", "pods", "list"), ("", "pods", "watch"), ("", "persistentvolumeclaims", "get"), ("", "events", "create"),
+    *{("inference.networking.k8s.io", "inferencepools", v) for v in ("get", "list", "create", "patch", "delete")},
 }
 CRD_GRANTS = {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
@@ -107,17 +116,26 @@ def _peering(plural: str) -> set[tuple[str, str, str]]:
     return {("kopf.dev", plural, v) for v in ("get", "list", "watch", "create", "patch")}
 
 
+def _is_gateway(obj: dict[str, Any]) -> bool:
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"
+
+
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_rbac_has_no_wildcards_and_no_secrets(helm_bin: str, name: str) -> None:
     objs = _render(helm_bin, VALUE_SETS[name])
-    for rule in _rules(objs, "ClusterRole") + _rules(objs, "Role"):
-        for key in ("apiGroups", "resources", "verbs"):
-            assert "*" not in rule[key], f"wildcard in {key}: {rule}"
-        assert not rule.get("resourceNames"), rule
-        assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
-        # The API key reaches pods through secretKeyRef; the operator never reads it.
-        assert "secrets" not in rule["resources"], rule
-        assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+    for role in [o for o in objs if o["kind"] in ("ClusterRole", "Role")]:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"wildcard in {key}: {rule}"
+            assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
+            assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            if "secrets" in rule["resources"]:
+                # Only the gateway reads Secrets: get, by name, the ones the values list.
+                assert _is_gateway(role) and rule["verbs"] == ["get"] and rule["resourceNames"], rule
+            else:
+                assert not rule.get("resourceNames"), rule
+            # The API key reaches server pods through secretKeyRef; the operator never reads it.
+            assert not (_is_gateway(role) is False and "secrets" in rule["resources"]), rule
 
 
 def test_rbac_cluster_wide_is_exactly_what_the_operator_calls(helm_bin: str) -> None:
@@ -201,6 +219,14 @@ BAD_VALUES = [
     ({"operator.replicas": "2", "operator.extraArgs": "{--priority=10}"}, "same priority"),
     ({"networkPolicy.enabled": "true"}, "networkPolicy.namespaces"),
     ({"peering.lifetime": "1"}, "lifetime"),
+    ({"gateway.enabled": "true", "operator.watchNamespaces": "{a,b}"}, "gateway.namespace"),
+    ({"gateway.enabled": "true", "gateway.namespace": "team-*"}, "gateway/namespace"),
+    ({"gateway.enabled": "true", "operator.watchNamespaces": "{team-*}"}, "one namespace name"),
+    ({"gateway.enabled": "true", "rbac.namespaced": "true", "operator.watchNamespaces": "{a}",
+      "gateway.namespace": "*"}, "a Role cannot cover all namespaces"),
+    ({"gateway.port": "80"}, "port"),
+    ({"gateway.apiKeySecrets": "{Not_A_Name}"}, "apiKeySecrets"),
+    ({"gateway.bogus": "1"}, "bogus"),
 ]
 
 
@@ -219,6 +245,11 @@ def test_notes_tell_the_next_step(helm_bin: str, tmp_path: Path) -> None:
     assert "rollout status deployment/pf-pagefleet-operator" in notes
     assert "kubectl apply -f manifests/examples/" in notes
     assert "monitoring.serviceMonitor.enabled=true" in notes  # monitoring is off: say how
+    assert "gateway" not in notes
+    res = subprocess.run([helm_bin, "install", "pf", str(CHART), "--dry-run=client", "-n", "ml",
+                          "--set", "gateway.enabled=true"], capture_output=True, text=True)
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "port-forward svc/pf-pagefleet-gateway 8080:8080" in notes and "all namespaces" in notes
 
 
 # ------------------------------------------------------------------- monitoring
@@ -398,11 +429,13 @@ def test_pod_security_checker_can_fail() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
-def test_operator_pod_is_pod_security_restricted(helm_bin: str, name: str) -> None:
+def test_operator_and_gateway_pods_are_pod_security_restricted(helm_bin: str, name: str) -> None:
     from tests.deploy.podsecurity import restricted_violations
 
-    (dep,) = _kinds(_render(helm_bin, VALUE_SETS[name]))["Deployment"]
-    assert restricted_violations(dep["spec"]["template"]["spec"]) == []
+    deps = _kinds(_render(helm_bin, VALUE_SETS[name]))["Deployment"]
+    assert len(deps) == (2 if VALUE_SETS[name].get("gateway.enabled") == "true" else 1)
+    for dep in deps:
+        assert restricted_violations(dep["spec"]["template"]["spec"]) == [], dep["metadata"]["name"]
 
 
 def _rendered_examples() -> list[tuple[str, dict[str, Any]]]:
@@ -439,7 +472,7 @@ def test_every_examples_server_pods_are_pod_security_restricted() -> None:
     from tests.deploy.podsecurity import restricted_violations
 
     deployments = [(n, o) for n, o in _rendered_examples() if o["kind"] == "Deployment"]
-    assert len(deployments) == 4
+    assert len(deployments) == 5
     for name, dep in deployments:
         assert restricted_violations(dep["spec"]["template"]["spec"]) == [], name
 
@@ -476,3 +509,117 @@ def test_network_policy_lets_the_operator_scrape_the_servers(helm_bin: str) -> N
     assert to_servers["ports"] == [{"protocol": "TCP", "port": resources.PORT}]
     assert to_servers["to"][0]["podSelector"]["matchLabels"].items() <= server_labels.items()
     assert "NetworkPolicy" not in _kinds(_render(helm_bin, {}, include_crds=False)), "off by default"
+
+
+# ------------------------------------------------------------------- the gateway
+
+GATEWAY_GRANTS = {("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
+                  ("", "pods", "list"), ("", "pods", "watch")}
+
+
+def test_gateway_is_off_by_default(helm_bin: str) -> None:
+    objs = _render(helm_bin, {}, include_crds=False)
+    assert not [o for o in objs if _is_gateway(o)]
+    (dep,) = _kinds(objs)["Deployment"]
+    assert not any(a.startswith("--gateway-service") for a in dep["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_gateway_deployment_service_and_operator_flag(helm_bin: str) -> None:
+    from pagefleet.operator import gateway as op_gateway
+    from pagefleet.operator.cli import operator_parser
+    from pagefleet.server.cli import build_gateway_config
+
+    kinds = _kinds(_render(helm_bin, VALUE_SETS["gateway"], include_crds=False))
+    deps = {d["metadata"]["name"]: d for d in kinds["Deployment"]}
+    gw, op = deps["pagefleet-gateway"], deps["pagefleet-operator"]
+    pod = gw["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert gw["spec"]["replicas"] == 2, "several replicas that share nothing"
+    assert gw["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert c["image"] == "ghcr.io/pagefleet/pagefleet:0.1.0" and c["command"] == ["pagefleet", "gateway"]
+    # The args parse into a valid config with the real CLI.
+    cfg = build_gateway_config(c["args"])
+    assert (cfg.discovery, cfg.namespace, cfg.host, cfg.port) == ("kubernetes", "*", "0.0.0.0", 8080)
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "pagefleet-gateway"
+    (svc,) = [s for s in kinds["Service"] if s["metadata"]["name"] == "pagefleet-gateway"]
+    labels = gw["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    (pdb,) = kinds["PodDisruptionBudget"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # The operator scrapes every replica behind that Service.
+    args = op["spec"]["template"]["spec"]["containers"][0]["args"]
+    (flag,) = [a for a in args if a.startswith("--gateway-service=")]
+    ref = op_gateway.parse_ref(flag.split("=", 1)[1])
+    assert (ref.namespace, ref.name) == (render.NAMESPACE, svc["metadata"]["name"])
+    assert ref.port in {p["name"] for p in svc["spec"]["ports"]}
+    operator_parser().parse_args(args)
+    # One namespace: the gateway watches it; one replica: no PDB.
+    one = _kinds(_render(helm_bin, VALUE_SETS["gateway-namespaced"], include_crds=False))
+    gw1 = next(d for d in one["Deployment"] if d["metadata"]["name"] == "pagefleet-gateway")
+    assert build_gateway_config(gw1["spec"]["template"]["spec"]["containers"][0]["args"]).namespace == "team-a"
+    assert "PodDisruptionBudget" not in one
+
+
+def test_gateway_rbac_is_exactly_what_the_gateway_calls(helm_bin: str) -> None:
+    """Read-only: list + watch of ModelDeployments and pods (server/gateway/kube.py),
+    get of the named key Secrets only; the operator may list the gateway's
+    EndpointSlices in the release namespace only."""
+    objs = _render(helm_bin, VALUE_SETS["gateway"], include_crds=False)
+    (role,) = [o for o in objs if o["kind"] == "ClusterRole" and _is_gateway(o)]
+    assert _grants(role["rules"]) == GATEWAY_GRANTS
+    (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding" and _is_gateway(o)]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pagefleet-gateway", "namespace": render.NAMESPACE}]
+    (ep_role,) = [o for o in objs if o["kind"] == "Role"]
+    assert ep_role["metadata"]["namespace"] == render.NAMESPACE
+    assert _grants(ep_role["rules"]) == {("discovery.k8s.io", "endpointslices", "list")}
+    (ep_binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert ep_binding["subjects"][0]["name"] == "pagefleet-operator"
+    # The operator's own ClusterRole is unchanged by the gateway.
+    op_role = [o for o in objs if o["kind"] == "ClusterRole" and not _is_gateway(o)]
+    assert _grants(op_role[0]["rules"]) == NAMESPACED_GRANTS | CRD_GRANTS | _peering("clusterkopfpeerings")
+    # Namespaced install: Roles only, the Secret by name, no InferencePool rule.
+    ns = _render(helm_bin, VALUE_SETS["gateway-namespaced"], include_crds=False)
+    assert "ClusterRole" not in _kinds(ns)
+    (gw_role,) = [o for o in ns if o["kind"] == "Role" and _is_gateway(o)]
+    assert gw_role["metadata"]["namespace"] == "team-a"
+    secret_rule = next(r for r in gw_role["rules"] if "secrets" in r["resources"])
+    assert secret_rule == {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["team-a-key"], "verbs": ["get"]}
+    assert _grants(gw_role["rules"]) == GATEWAY_GRANTS | {("", "secrets", "get")}
+    op_roles = [o for o in ns if o["kind"] == "Role" and o["metadata"]["name"] == "pagefleet-operator"]
+    assert _grants(op_roles[0]["rules"]) == {g for g in NAMESPACED_GRANTS if g[0] != "inference.networking.k8s.io"} \
+        | _peering("kopfpeerings")
+
+
+def test_network_policy_lets_the_gateway_reach_the_servers_and_the_operator_the_gateway(helm_bin: str) -> None:
+    from pagefleet.operator import resources
+    from pagefleet.operator.spec import parse_spec
+
+    objs = _kinds(_render(helm_bin, VALUE_SETS["gateway-network-policy"], include_crds=False))
+    policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p["spec"] for p in objs["NetworkPolicy"]}
+    deps = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"] for d in objs["Deployment"]}
+    gw_labels, op_labels = deps["pagefleet-gateway"], deps["pagefleet-operator"]
+    doc = next(d for n, d in _example_docs() if n == "short-qa.yaml" and d["kind"] == crd.KIND)
+    doc = dict(doc, metadata=dict(doc["metadata"], namespace="models"))
+    server_labels = resources.deployment(parse_spec(doc), 1)["spec"]["template"]["metadata"]["labels"]
+
+    def allows(rule: dict[str, Any], labels: dict[str, str], port: int) -> bool:
+        return any(peer.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+                   for peer in rule.get("from", rule.get("to", [{}]))) and \
+            {"protocol": "TCP", "port": port} in rule["ports"]
+
+    scrape = policies[("models", "pagefleet-operator-scrape")]
+    assert any(allows(r, gw_labels, resources.PORT) for r in scrape["ingress"]), "gateway -> servers"
+    assert any(allows(r, op_labels, resources.PORT) for r in scrape["ingress"]), "operator -> servers"
+    ingress = policies[(render.NAMESPACE, "pagefleet-gateway-ingress")]
+    assert ingress["podSelector"]["matchLabels"].items() <= gw_labels.items()
+    assert allows(ingress["ingress"][0], op_labels, 8080), "operator -> the gateway's /metrics"
+    assert ingress["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 8080}]}, "clients (the default)"
+    op_egress = policies[(render.NAMESPACE, "pagefleet-operator-egress")]
+    assert any(allows(r, gw_labels, 8080) for r in op_egress["egress"])
+    gw_egress = policies[(render.NAMESPACE, "pagefleet-gateway-egress")]
+    assert gw_egress["podSelector"]["matchLabels"].items() <= gw_labels.items()
+    assert any(allows(r, server_labels, resources.PORT) for r in gw_egress["egress"])

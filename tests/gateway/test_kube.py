@@ -5,6 +5,7 @@ the emulated pods point at (their podIP 127.0.0.1, their container port the back
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 
 import httpx
@@ -13,8 +14,15 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from pagefleet.server.gateway.kube import POD_LABEL, fleet_from_objects, pod_port, pod_ready
-from tests.gateway.helpers import GatewayThread, gw_metric
+from pagefleet.server.gateway.kube import (
+    POD_LABEL,
+    fleet_from_objects,
+    pod_port,
+    pod_ready,
+    secret_ref,
+    secret_value,
+)
+from tests.gateway.helpers import GatewayThread, RecordingProxy, gw_metric
 
 NS = "gw"
 
@@ -167,3 +175,94 @@ async def test_gateway_follows_modeldeployments_and_pods(emulator, backends, tmp
         assert r.status_code == 200 and r.headers["x-pagefleet-endpoint"] == "tiny-short-1"
     finally:
         await asyncio.to_thread(gw.stop)
+
+
+def test_fleet_reads_queue_timeout_and_pool_keys():
+    objs = [mdep("a", gateway={"queueTimeoutSeconds": 90}, apiKeySecretRef={"name": "s"}),
+            mdep("b", gateway={"queueTimeoutSeconds": 600}),
+            mdep("c", served="free"),
+            mdep("d", served="unreadable", apiKeySecretRef={"name": "gone", "key": "k"})]
+    keys = {(NS, "s", "api-key"): "sk-a"}
+    f = fleet_from_objects(objs, [], keys=keys)
+    tiny = f.model("tiny")
+    assert tiny.queue_timeout == 600.0, "the largest of the model's pools"
+    assert {p.name: p.api_key for p in tiny.pools} == {"a": "sk-a", "b": None}
+    assert tiny.require_pool_key
+    assert f.model("free").queue_timeout is None and not f.model("free").require_pool_key
+    # A Secret that could not be read: no key, so the client's header goes through.
+    assert not f.model("unreadable").require_pool_key
+    assert secret_ref(objs[3]) == (NS, "gone", "k") and secret_ref(objs[2]) is None
+    assert secret_value({"data": {"api-key": base64.b64encode(b"sk-x\n").decode()}}, "api-key") == "sk-x"
+    assert secret_value({"stringData": {"k": "v"}}, "k") == "v"
+    assert secret_value({"data": {"k": "!!notbase64"}}, "k") is None
+    assert secret_value({"data": {}}, "k") is None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_gateway_uses_the_api_key_secrets(emulator, backends, tmp_path, monkeypatch, gw_model):
+    """apiKeySecretRef in Kubernetes mode: the gateway reads the Secret, sends its key to
+    the pool's servers, takes only clients that present it (401 before any queueing),
+    follows a rotated key, and passes the client's header through when it cannot read
+    the Secret."""
+    emu, kubeconfig = emulator
+    url = str(emu.url)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    proxy = RecordingProxy(backends["short-1"].port).start()
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pool-key", "namespace": NS},
+              "data": {"api-key": base64.b64encode(b"sk-pool").decode()}}
+    await kube("POST", url, f"/api/v1/namespaces/{NS}/secrets", secret)
+    await kube("POST", url, MD_PATH, mdep("keyed", served="keyed", apiKeySecretRef={"name": "pool-key"},
+                                          gateway={"tokenizer": str(gw_model)}))
+    await kube("POST", url, MD_PATH, mdep("nokey", served="nokey", apiKeySecretRef={"name": "missing"},
+                                          gateway={"tokenizer": str(gw_model)}))
+    await kube("POST", url, POD_PATH, pod("keyed-0", "keyed", proxy.port))
+    await kube("POST", url, POD_PATH, pod("nokey-0", "nokey", proxy.port))
+    gw = GatewayThread(tmp_path / "unused.yaml", discovery="kubernetes", namespace=NS)
+    gw.gateway.discovery.secret_refresh = 0.2
+    await asyncio.to_thread(gw.start)
+
+    def post(model: str, key: str | None, marker: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.post(gw.url + "/v1/completions", headers=headers, timeout=120,
+                          json={"model": model, "prompt": f"hello {marker}", "max_tokens": 2})
+
+    def upstream_auth(marker: str) -> str | None:
+        for rec in list(proxy.connections):
+            req = bytes(rec["request"])
+            if marker.encode() in req:
+                head = req.split(b"\r\n\r\n")[0].decode().lower().splitlines()
+                return next((h.split(":", 1)[1].strip() for h in head if h.startswith("authorization:")), None)
+        raise KeyError(marker)
+
+    try:
+        gw.wait_ready_endpoints("keyed", 1)
+        assert gw_metric(gw.metrics(), "pagefleet_gateway_discovery_info", discovery="kubernetes",
+                         namespace=NS) == 1
+        for key in (None, "sk-wrong"):
+            r = await asyncio.to_thread(post, "keyed", key, "m-refused")
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+        with pytest.raises(KeyError):
+            upstream_auth("m-refused")      # refused at the gateway, never sent on
+        r = await asyncio.to_thread(post, "keyed", "sk-pool", "m-one")
+        assert r.status_code == 200, r.text
+        assert upstream_auth("m-one") == "bearer sk-pool"
+
+        # The key is rotated in the Secret: the gateway follows without a restart.
+        await kube("PATCH", url, f"/api/v1/namespaces/{NS}/secrets/pool-key",
+                   {"data": {"api-key": base64.b64encode(b"sk-rotated").decode()}})
+
+        def rotated() -> bool:
+            return post("keyed", "sk-rotated", "m-probe").status_code == 200
+        await until(rotated, "the rotated key to be accepted")
+        r = await asyncio.to_thread(post, "keyed", "sk-rotated", "m-two")
+        assert r.status_code == 200 and upstream_auth("m-two") == "bearer sk-rotated"
+        assert (await asyncio.to_thread(post, "keyed", "sk-pool", "m-old")).status_code == 401
+
+        # Its Secret does not exist: the client's header reaches the server unchanged.
+        gw.wait_ready_endpoints("nokey", 1)
+        r = await asyncio.to_thread(post, "nokey", "sk-client", "m-three")
+        assert r.status_code == 200 and upstream_auth("m-three") == "bearer sk-client"
+    finally:
+        await asyncio.to_thread(gw.stop)
+        proxy.stop()

@@ -65,3 +65,7 @@ def test_operator_flags() -> None:
     assert (args.namespace, args.priority, args.standalone, args.peering) == (["a", "b"], 5, False, "pagefleet")
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert pagefleet_main(["operator", "-A", "-n", "x"]) == 2
+    args = operator_parser().parse_args(["--gateway-service", "gw/pagefleet-gateway",
+                                         "--gateway-service", "gw2/other:9000"])
+    assert args.gateway_service == ["gw/pagefleet-gateway", "gw2/other:9000"]
+    assert pagefleet_main(["operator", "--gateway-service", "no-namespace"]) == 2

@@ -171,6 +171,16 @@ INVALID = [
      "spec.topologySpreadConstraints.0.maxSkew"),
     ({"apiKeySecretRef": {"key": "k"}}, "spec.apiKeySecretRef.name"),
     ({"modelCache": {"mountPath": "/x"}}, "spec.modelCache.claimName"),
+    ({"autoscaling": {"minReplicas": -1}}, "spec.autoscaling.minReplicas"),
+    ({"autoscaling": {"scaleToZeroIdleSeconds": 0}}, "spec.autoscaling.scaleToZeroIdleSeconds"),
+    ({"gateway": {"weight": -1}}, "spec.gateway.weight"),
+    ({"gateway": {"queueTimeoutSeconds": 0}}, "spec.gateway.queueTimeoutSeconds"),
+    ({"gateway": {"queueTimeoutSeconds": 100000}}, "spec.gateway.queueTimeoutSeconds"),
+    ({"gateway": {"inferencePool": {"enabled": True}}}, "spec.gateway.inferencePool.endpointPicker"),
+    ({"gateway": {"inferencePool": {"endpointPicker": {"name": "e", "failureMode": "Maybe"}}}},
+     "spec.gateway.inferencePool.endpointPicker.failureMode"),
+    ({"gateway": {"inferencePool": {"endpointPicker": {"name": "e", "port": 70000}}}},
+     "spec.gateway.inferencePool.endpointPicker.port"),
 ]
 
 

@@ -12,6 +12,46 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Release-scoped name of the gateway's objects. */}}
+{{- define "pagefleet.gatewayName" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- printf "%s-gateway" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s-gateway" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pagefleet.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "pagefleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{- define "pagefleet.gatewayLabels" -}}
+{{ include "pagefleet.gatewaySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The namespace the gateway serves: gateway.namespace, else the only one of
+operator.watchNamespaces, else all ('*'). */}}
+{{- define "pagefleet.gatewayNamespace" -}}
+{{- if .Values.gateway.namespace -}}
+{{- .Values.gateway.namespace -}}
+{{- else if eq (len .Values.operator.watchNamespaces) 1 -}}
+{{- first .Values.operator.watchNamespaces -}}
+{{- else -}}
+*
+{{- end -}}
+{{- end -}}
+
+{{- define "pagefleet.gatewayImage" -}}
+{{- $repo := .Values.gateway.image.repository | default .Values.serverImage.repository -}}
+{{- $tag := .Values.gateway.image.tag | default .Values.serverImage.tag | default .Chart.AppVersion -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
 {{- define "pagefleet.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "pagefleet.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -78,6 +118,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- if and (not .Values.gateway.namespace) (gt (len .Values.operator.watchNamespaces) 1) -}}
+{{- fail "gateway.enabled=true with several operator.watchNamespaces needs gateway.namespace: the gateway serves one namespace, or all ('*')" -}}
+{{- end -}}
+{{- $gwns := include "pagefleet.gatewayNamespace" . -}}
+{{- if and (ne $gwns "*") (contains "*" $gwns) -}}
+{{- fail (printf "gateway.namespace %q: one namespace name, or '*' for all" $gwns) -}}
+{{- end -}}
+{{- if and .Values.rbac.namespaced (eq $gwns "*") -}}
+{{- fail "rbac.namespaced=true with gateway.enabled=true needs gateway.namespace (a namespace name: a Role cannot cover all namespaces)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.networkPolicy.enabled (not (or .Values.networkPolicy.namespaces .Values.operator.watchNamespaces)) -}}
 {{- fail "networkPolicy.enabled=true needs networkPolicy.namespaces (or operator.watchNamespaces): the namespaces of the model servers" -}}
 {{- end -}}
@@ -120,6 +172,13 @@ See docs/deploy.md for the reason of each rule.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.rbac.inferencePools }}
+# controller.sync_inference_pools: the InferencePools of spec.gateway.inferencePool
+# (only when the Gateway API Inference Extension CRD is installed).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
 {{- end -}}
 
 {{- define "pagefleet.peeringRules" -}}
