@@ -37,7 +37,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
             kwargs["type"] = kind
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
-        group.add_argument(flag_name(f), **kwargs)
+        group.add_argument(flag_name(f), *f.metadata.get("aliases", ()), **kwargs)
 
 
 def serve_parser() -> argparse.ArgumentParser:

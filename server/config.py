@@ -20,14 +20,18 @@ DEMO_MODEL = "pagefleet-demo"
 # --gpu-memory-utilization (its OOM remediation reads the pod's last exit code).
 CUDA_OOM_EXIT_CODE = 86
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
+MAX_TENSOR_PARALLEL_SIZE = 8   # the GPUs one node holds (the CRD bounds resources.gpus alike)
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-        metavar: str | None = None) -> Any:
-    """A dataclass field that carries its CLI help (and optional flag/choices)."""
+        metavar: str | None = None, aliases: tuple[str, ...] = ()) -> Any:
+    """A dataclass field that carries its CLI help (and optional flag, short aliases
+    such as vLLM's `-tp`, choices)."""
     meta = {"help": help}
     if flag:
         meta["flag"] = flag
+    if aliases:
+        meta["aliases"] = aliases
     if choices:
         meta["choices"] = choices
     if metavar:
@@ -84,7 +88,18 @@ class EngineConfig:
                                  "the forward (outputs are the same).")
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
-    tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
+    tensor_parallel_size: int = opt(
+        1, "Number of GPUs one replica's model is sharded over (Megatron-style tensor "
+        "parallelism, one worker process per GPU, NCCL between them). Must divide the "
+        "model's attention heads. With --device cpu the ranks are CPU processes over gloo.",
+        aliases=("-tp",))
+    pipeline_parallel_size: int = opt(
+        1, "Pipeline stages; only 1 is supported (use --tensor-parallel-size within a node, "
+        "and replicas across nodes).", aliases=("-pp",))
+    distributed_executor_backend: str | None = opt(
+        None, "How the tensor-parallel workers run: 'mp' (one process per GPU, the only "
+        "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
+        "Default: uni for one GPU, mp for more.")
     quantization: str | None = opt(None, "Weight quantization method; detected from the "
                                    "checkpoint's quantization_config when omitted.",
                                    choices=QUANTIZATION_METHODS)
@@ -107,8 +122,19 @@ class EngineConfig:
              "must be >= 1")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling-policy",
              "must be fcfs or priority")
-        need(self.tensor_parallel_size == 1, "tensor-parallel-size",
-             "pagefleet runs one GPU per replica; scale out with replicas")
+        need(1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE, "tensor-parallel-size",
+             f"must be between 1 and {MAX_TENSOR_PARALLEL_SIZE} (the GPUs of one node)")
+        need(self.pipeline_parallel_size == 1, "pipeline-parallel-size",
+             f"pipeline parallelism ({self.pipeline_parallel_size} stages) is not supported; "
+             "use --tensor-parallel-size to shard the model over the GPUs of one node, and "
+             "replicas to scale across nodes")
+        backend = self.distributed_executor_backend
+        need(backend in (None, "mp", "uni"), "distributed-executor-backend",
+             f"{backend!r} is not supported; use 'mp' (one worker process per GPU)")
+        need(not (backend == "uni" and self.tensor_parallel_size > 1),
+             "distributed-executor-backend",
+             f"'uni' runs one process, but --tensor-parallel-size is "
+             f"{self.tensor_parallel_size}; use 'mp'")
         need(self.quantization is None, "quantization",
              "quantized weights are not supported yet")
         if self.dtype == "half":

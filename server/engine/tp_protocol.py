@@ -1,0 +1,58 @@
+"""Messages between the tensor-parallel driver (rank 0, in the engine core) and its
+workers, encoded as msgpack by msgspec.
+
+Down (one socket per worker): a `StepMsg` per step, carrying the step's host facts
+and the layout of the staging buffer whose device copy the broadcast that follows
+delivers; `Query` and `Shutdown`. Up (one socket for all): `WorkerEvent`s (ready,
+errors with their kind, query answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from pagefleet.server.config import EngineConfig
+from pagefleet.server.engine.runner import StagedStep
+
+
+class StepMsg(msgspec.Struct, tag="step", array_like=True):
+    step: StagedStep
+    spans: list[tuple[str, int, tuple[int, ...]]]   # staging layout (handles index it)
+    used: int                                      # i64 elements the broadcast carries
+    tail: int = -1                                 # handle of the copied sampled tokens
+    n_last: int = 0                                # how many of them (0: none)
+
+
+class Query(msgspec.Struct, tag="query", array_like=True):
+    name: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+ToWorker = StepMsg | Query | Shutdown
+
+
+class WorkerEvent(msgspec.Struct, array_like=True):
+    rank: int
+    kind: str            # "ready", "report", or an error: "config", "oom", "startup", "fatal"
+    message: str = ""
+    info: dict = {}
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process needs to start (pickled to its stdin)."""
+
+    rank: int
+    world_size: int
+    store_port: int
+    step_addr: str
+    event_addr: str
+    config: EngineConfig
+    model_dir: str
+    max_model_len: int
+    env: dict = field(default_factory=dict)
