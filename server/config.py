@@ -100,8 +100,11 @@ class EngineConfig:
         None, "How the tensor-parallel workers run: 'mp' (one process per GPU, the only "
         "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
         "Default: uni for one GPU, mp for more.")
-    quantization: str | None = opt(None, "Weight quantization method; detected from the "
-                                   "checkpoint's quantization_config when omitted.",
+    quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
+                                   "a bf16/fp16 one quantized at load), awq, gptq "
+                                   "(awq_marlin, gptq_marlin: the same). Default: the "
+                                   "checkpoint's quantization_config; a flag that does not "
+                                   "match the checkpoint is a startup error.",
                                    choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:
@@ -135,8 +138,8 @@ class EngineConfig:
              "distributed-executor-backend",
              f"'uni' runs one process, but --tensor-parallel-size is "
              f"{self.tensor_parallel_size}; use 'mp'")
-        need(self.quantization is None, "quantization",
-             "quantized weights are not supported yet")
+        need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+             "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
         if self.dtype == "half":
             self.dtype = "float16"
 

@@ -132,10 +132,13 @@ class ModelRunner:
             self._check_free_memory()
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
                                                     self.ops, max_positions=max_model_len,
+                                                    quantization=config.quantization,
                                                     **({"tp": tp} if tp is not None else {}))
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # KV heads this rank holds (all of them without tensor parallelism).
         self.num_kv_heads = self.model.attention_layers()[0].num_kv_heads
+        if self.model.quant_info is not None:   # the quantized size and the KV room it frees
+            log.info("%s", self.model.quant_info.log_line(self.bytes_per_block() // self.block_size))
         self._setup_step_buffers()
         self.layout: CacheLayout | None = None
 

@@ -7,7 +7,7 @@ transformers v5's `rope_parameters`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Per-architecture differences of the supported decoders.
@@ -43,6 +43,9 @@ class ModelConfig:
     torch_dtype: str | None
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
+    # config.json's `quantization_config` (or quantize_config.json's content), as is;
+    # models/quantization/ interprets it.
+    quantization_config: dict | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -79,8 +82,20 @@ class ModelConfig:
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             sliding_window=sliding,
             eos_token_ids=eos,
+            quantization_config=_quantization_config(model_dir, cfg),
             **ARCH_FEATURES[arch],
         )
+
+
+def _quantization_config(model_dir: Path, cfg: dict) -> dict | None:
+    """config.json's quantization_config; else a GPTQ/AWQ side file, as vLLM reads them."""
+    if cfg.get("quantization_config"):
+        return dict(cfg["quantization_config"])
+    for name in ("quantize_config.json", "quant_config.json"):
+        path = model_dir / name
+        if path.exists():
+            return json.loads(path.read_text())
+    return None
 
 
 def _as_list(x: int | list[int] | None) -> list[int]:

@@ -1,8 +1,9 @@
 """One decoder for Llama, Mistral, Qwen2 and Qwen3: they differ only in q/k/v bias and
 per-head q/k RMSNorm (ModelConfig.qkv_bias / qk_norm).
 
-Projections are fused (qkv, gate|up) for fewer, larger matmuls; the loader splits HF's
-separate weights into them. Attention reads and writes the paged KV cache through the
+Projections are fused (qkv, gate|up) for fewer, larger matmuls; the loader copies HF's
+separate weights into their shards. Each projection is a `models/linear.py` layer whose
+method (unquantized, fp8, AWQ, GPTQ) the checkpoint's quantization config picks. Attention reads and writes the paged KV cache through the
 batch's `AttentionMetadata`, so one forward serves any mix of prefills and decodes.
 """
 
@@ -14,7 +15,9 @@ import torch
 from torch import nn
 
 from pagefleet.server.models.config import ModelConfig
-from pagefleet.server.ops import activation, attention, layernorm, rotary
+from pagefleet.server.models.linear import (LinearBase, MergedColumnParallelLinear,
+                                            QKVParallelLinear, RowParallelLinear)
+from pagefleet.server.ops import activation, attention, layernorm, quant, rotary
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Ops:
     fused_add_rms_norm = staticmethod(layernorm.fused_add_rms_norm)
     rotary_embedding = staticmethod(rotary.rotary_embedding)
     silu_and_mul = staticmethod(activation.silu_and_mul)
+    w4a16_linear = staticmethod(quant.w4a16_linear)
+    fp8_linear = staticmethod(quant.fp8_linear)
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -62,26 +67,30 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = _param(out_features, in_features)
-        self.bias = _param(out_features) if bias else None
+def _method(quant, prefixes: list[str]):
+    return quant.linear_method(prefixes) if quant is not None else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+
+def _linear(layer: LinearBase, ops: type[Ops]) -> LinearBase:
+    layer.ops = ops
+    return layer
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        hf = [f"{prefix}.{n}" for n in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = _linear(QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.qkv_bias,
+            method=_method(quant, hf), prefix=f"{prefix}.qkv_proj"), ops)
+        self.o_proj = _linear(RowParallelLinear(
+            self.q_size, cfg.hidden_size, bias=False,
+            method=_method(quant, [f"{prefix}.o_proj"]), prefix=f"{prefix}.o_proj"), ops)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_cache: torch.Tensor | None = None
@@ -119,24 +128,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        hf = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
+        self.gate_up_proj = _linear(MergedColumnParallelLinear(
+            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False, method=_method(quant, hf),
+            prefix=f"{prefix}.gate_up_proj"), ops)
+        self.down_proj = _linear(RowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=False,
+            method=_method(quant, [f"{prefix}.down_proj"]), prefix=f"{prefix}.down_proj"), ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops]) -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
         super().__init__()
         self.ops = ops
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, ops)
+        self.self_attn = Attention(cfg, ops, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, ops)
+        self.mlp = MLP(cfg, ops, quant, f"{prefix}.mlp")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,11 +166,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops] = Ops, max_positions: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops] = Ops, max_positions: int | None = None,
+                 quant=None) -> None:
+        """`quant`: the checkpoint's `QuantConfig` (models/quantization/), None when the
+        linear layers are unquantized; embeddings, norms and lm_head never are."""
         super().__init__()
         self.cfg, self.ops = cfg, ops
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, quant, f"model.layers.{i}")
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
         n_pos = max(max_positions or 0, cfg.max_position_embeddings)

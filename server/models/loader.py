@@ -1,13 +1,19 @@
 """Load HF safetensors checkpoints (single file or sharded with an index) by HF names.
 
 HF keeps q/k/v and gate/up as separate tensors; the decoder fuses them, so each HF
-tensor is copied into its slice of the fused parameter. Tensors are read one at a time
-straight into the preallocated parameters (no second full copy of the model in memory).
+tensor goes to its shard of the fused layer through the layer's weight loader
+(`models/linear.py`), which also handles the quantized formats' tensors (`qweight`,
+`scales`, `weight_scale`, ...). Tensors are read one at a time straight into the
+preallocated parameters (no second full copy of the model in memory), and a linear
+layer is converted to its kernel layout (or quantized, for `--quantization fp8`) as
+soon as its last tensor is in, so at most one layer's temporaries exist at a time.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,19 +21,19 @@ from safetensors import safe_open
 
 from pagefleet.server.models.config import ModelConfig
 from pagefleet.server.models.decoder import DecoderForCausalLM, Ops
+from pagefleet.server.models.linear import LinearBase, WeightLoadError
+from pagefleet.server.models.quantization import QuantConfig, resolve_quantization, tensor_index
 
-# HF name fragment -> (fused fragment, shard index among the fused parts)
-_FUSED = {
-    ".self_attn.q_proj.": (".self_attn.qkv_proj.", 0),
-    ".self_attn.k_proj.": (".self_attn.qkv_proj.", 1),
-    ".self_attn.v_proj.": (".self_attn.qkv_proj.", 2),
-    ".mlp.gate_proj.": (".mlp.gate_up_proj.", 0),
-    ".mlp.up_proj.": (".mlp.gate_up_proj.", 1),
-}
+__all__ = ["WeightLoadError", "load_model", "safetensors_files", "QuantInfo"]
 
-
-class WeightLoadError(RuntimeError):
-    pass
+# HF projection -> (our fused layer, shard id)
+_LINEAR = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\."
+                     r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.(\w+)$")
+_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "o_proj": ("o_proj", None), "gate_proj": ("gate_up_proj", 0),
+          "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", None)}
+_ELEM = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+GiB = 1 << 30
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -41,61 +47,111 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _target(name: str, cfg: ModelConfig) -> tuple[str, int | None]:
-    """Our parameter name for an HF tensor name, and its slice index if fused."""
+@dataclass(frozen=True)
+class QuantInfo:
+    """What quantization saved, for the startup log."""
+
+    method: str            # e.g. "AWQ 4-bit checkpoint (...)"
+    linear_bytes: int      # the linear layers' weights as loaded (values, scales, zeros)
+    dense_bytes: int       # the same layers in the activation dtype
+    dtype: str
+
+    def log_line(self, kv_bytes_per_token: int) -> str:
+        saved = self.dense_bytes - self.linear_bytes
+        tokens = saved // kv_bytes_per_token if kv_bytes_per_token else 0
+        return (f"Quantized weights: {self.method}; linear layers {self.linear_bytes / GiB:.3g} "
+                f"GiB instead of {self.dense_bytes / GiB:.3g} GiB in {self.dtype}, which leaves "
+                f"{saved / GiB:.3g} GiB more for the KV cache (~{tokens} tokens)")
+
+
+def _route(hf_name: str) -> tuple[str, str, object] | None:
+    """(our linear layer path, tensor name, shard id) for a projection tensor."""
+    m = _LINEAR.match(hf_name)
+    if not m:
+        return None
+    layer, block, proj, tensor = m.groups()
+    fused, shard = _FUSED[proj]
+    return f"layers.{layer}.{block}.{fused}", tensor, shard
+
+
+def _param_name(name: str) -> str:
     if name.startswith("model."):
         name = name[len("model."):]
-    name = name.replace("embed_tokens.weight", "embed_tokens").replace("lm_head.weight", "lm_head")
-    for frag, (fused, idx) in _FUSED.items():
-        if frag in name:
-            return name.replace(frag, fused), idx
-    return name, None
+    return name.replace("embed_tokens.weight", "embed_tokens").replace("lm_head.weight", "lm_head")
 
 
-def _slice(param: torch.Tensor, name: str, idx: int, cfg: ModelConfig) -> torch.Tensor:
-    if "qkv_proj" in name:
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        sizes = [q, kv, kv]
-    else:
-        sizes = [cfg.intermediate_size] * 2
-    start = sum(sizes[:idx])
-    return param.narrow(0, start, sizes[idx])
+def _dense_dtype_name(index) -> str | None:
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in index:
+            return {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(index[name].dtype)
+    return None
 
 
 def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                device: torch.device, ops: type[Ops] = Ops,
-               max_positions: int | None = None) -> DecoderForCausalLM:
+               max_positions: int | None = None,
+               quantization: str | None = None) -> DecoderForCausalLM:
+    """The model with its weights; `quantization` is `--quantization` (None: the
+    checkpoint's own format). A flag that does not fit the checkpoint is a ConfigError."""
     model_dir = Path(model_dir)
+    files = safetensors_files(model_dir)
+    index = tensor_index(files)
+    quant = resolve_quantization(model_dir, cfg.quantization_config, quantization, index,
+                                 _dense_dtype_name(index) or cfg.torch_dtype)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = DecoderForCausalLM(cfg, ops, max_positions)
+            model = DecoderForCausalLM(cfg, ops, max_positions, quant)
     finally:
         torch.set_default_dtype(prev)
-    params = dict(model.named_parameters())
-    filled: dict[str, int] = {n: 0 for n in params}
-    parts = {n: (3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1) for n in params}
-    for path in safetensors_files(model_dir):
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, LinearBase)}
+    params = {n: p for n, p in model.named_parameters() if not any(
+        n.startswith(ln + ".") for ln in linears)}
+    filled = dict.fromkeys(params, False)
+    for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for hf_name in f.keys():
                 if "rotary_emb.inv_freq" in hf_name:
                     continue
-                name, idx = _target(hf_name, cfg)
+                route = _route(hf_name)
+                if route is not None:
+                    layer_name, tensor, shard = route
+                    layer = linears[layer_name]
+                    layer.load_weight(tensor, f.get_tensor(hf_name), shard)
+                    if not layer.missing():
+                        layer.finish_loading()
+                    continue
+                name = _param_name(hf_name)
                 if name == "lm_head" and cfg.tie_word_embeddings:
                     continue
                 if name not in params:
                     raise WeightLoadError(f"{path.name}: unexpected tensor {hf_name!r} "
                                           f"for {cfg.architecture}")
                 tensor = f.get_tensor(hf_name)
-                dest = params[name].data if idx is None else _slice(params[name].data, name, idx, cfg)
+                dest = params[name].data
                 if tuple(dest.shape) != tuple(tensor.shape):
                     raise WeightLoadError(f"{hf_name}: shape {tuple(tensor.shape)} does not "
                                           f"match the config's {tuple(dest.shape)}")
                 dest.copy_(tensor.to(dtype))
-                filled[name] += 1
-    missing = [n for n, c in filled.items() if c < parts[n]]
+                filled[name] = True
+    missing = [n for n, ok in filled.items() if not ok]
+    missing += [f"{n}.{t}" for n, layer in linears.items() for t in layer.missing()]
     if missing:
         raise WeightLoadError(f"checkpoint in {model_dir} lacks weights for: {', '.join(missing[:8])}"
                               + (" ..." if len(missing) > 8 else ""))
+    for layer in linears.values():
+        layer.finish_loading()
+    model.quant = quant
+    model.quant_info = _quant_info(quant, linears.values(), dtype)
     return model
+
+
+def _quant_info(quant: QuantConfig | None, linears, dtype: torch.dtype) -> QuantInfo | None:
+    if quant is None:
+        return None
+    actual = sum(p.numel() * p.element_size() for layer in linears for p in layer.parameters())
+    dense = sum((layer.input_size_per_partition * sum(layer.output_partition_sizes)
+                 + (layer.bias.numel() if layer.bias is not None else 0)) * _ELEM.get(dtype, 2)
+                for layer in linears)
+    return QuantInfo(quant.describe(), actual, dense, str(dtype).removeprefix("torch."))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pagefleet.server.models.decoder import Ops
 from pagefleet.server.ops import (triton_activation, triton_attention, triton_layernorm,
-                                  triton_rotary)
+                                  triton_quant, triton_rotary)
 
 
 class TritonOps(Ops):
@@ -20,3 +20,5 @@ class TritonOps(Ops):
     fused_add_rms_norm = staticmethod(triton_layernorm.fused_add_rms_norm)
     rotary_embedding = staticmethod(triton_rotary.rotary_embedding)
     silu_and_mul = staticmethod(triton_activation.silu_and_mul)
+    w4a16_linear = staticmethod(triton_quant.w4a16_linear)
+    fp8_linear = staticmethod(triton_quant.fp8_linear)

@@ -1,0 +1,43 @@
+"""What AWQ and GPTQ layers share after loading: the kernels' int4 layout and GEMM.
+
+After `process_weights_after_loading` a 4-bit layer holds `qweight` int32 `[K // 8, N]`
+(K-major words, see `ops/int4_packing.py`), `scales` `[groups, N]` in the checkpoint's dtype,
+`zeros` uint8 `[groups, N]` or None (all 8: symmetric), `group_size`, and `perm`
+(int64 `[K]`) when the checkpoint's `g_idx` is act-order: rows are then stored sorted
+by group and the input columns are gathered the same way before the GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagefleet.server.models.linear import LinearBase, LinearMethod, make_param
+
+
+def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor | None, group_size: int,
+                      perm: torch.Tensor | None) -> None:
+    """Replace the checkpoint-layout parameters by the kernels' (see module docstring)."""
+    for name in ("qweight", "qzeros", "scales", "g_idx"):
+        if name in layer._parameters:
+            del layer._parameters[name]
+    layer.qweight = make_param(qweight.contiguous())
+    layer.scales = make_param(scales.contiguous())
+    if zeros is not None and bool((zeros == 8).all()):
+        zeros = None
+    layer.zeros = None if zeros is None else make_param(zeros.to(torch.uint8).contiguous())
+    layer.group_size = group_size
+    if perm is not None:
+        layer.register_buffer("perm", perm.to(torch.int64), persistent=False)
+    else:
+        layer.perm = None
+
+
+class Int4Method(LinearMethod):
+    """The GEMM half of the AWQ and GPTQ methods."""
+
+    def apply(self, layer, x, bias):
+        if layer.perm is not None:
+            x = x.index_select(-1, layer.perm)
+        return layer.ops.w4a16_linear(x, layer.qweight, layer.scales, layer.zeros,
+                                      layer.group_size, bias)

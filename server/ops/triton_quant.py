@@ -1,0 +1,497 @@
+"""Quantized GEMMs in Triton (twins: `quant.py`, same signatures and layouts).
+
+w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
+- `_w4_gemv_kernel`, small batches (decode): each program takes `BLOCK_N` output
+  columns and one K split of one row; it reads `[BLOCK_K / 8, BLOCK_N]` int32 words
+  (contiguous along N), unpacks the 8 nibbles of each word with shifts and multiplies
+  them by the matching 8 activations, accumulating `[BLOCK_K / 8, BLOCK_N]` float32
+  partial sums; the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum
+  x`) and the group scale is applied once per tile. Split-K fills the GPU when N alone
+  cannot (B = 1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer
+  summed afterwards.
+- `_w4_gemm_kernel`, prefill and larger batches: tiles dequantized in registers to the
+  activation dtype and fed to `tl.dot` (float32 accumulation).
+fp8 (e4m3 weights with per-row or block scales):
+- `_fp8_gemv_kernel` / `_fp8_gemm_kernel`: weight-only (w8a16) for small and medium
+  batches, scales applied per tile or at the end (per-row scales);
+- large batches quantize the activations per token (`_fp8_act_quant_kernel`) and run
+  fp8 x fp8 on the tensor cores: `torch._scaled_mm` (row-wise scales, Hopper) for
+  per-row weight scales and bf16 outputs, else `_fp8_w8a8_kernel` (block scales too).
+
+Launch parameters live in W4_CONFIG / FP8_CONFIG (benchmarks/quant_bench.py sweeps them
+on the GPU; tests shrink them). No kernel reads a device value back: CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from pagefleet.server.ops import quant as twin
+
+W4_CONFIG = {
+    "gemv_max_m": 1,        # rows up to which the GEMV kernel runs (one program row each)
+    "gemv_block_n": 128, "gemv_block_k": 128, "gemv_warps": 4, "gemv_stages": 2,
+    "gemm_block_n": 128, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
+    "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
+    "programs_per_sm": 4,
+    "max_split": 32,
+}
+FP8_CONFIG = {
+    "gemv_max_m": 1,        # rows up to which the weight-only GEMV runs
+    "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
+    "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
+    "gemv_block_n": 64, "gemv_block_k": 128, "gemv_warps": 4, "gemv_stages": 2,
+    "gemm_block_n": 128, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
+    "w8a8_stages": 3,
+    "gemm_block_m": None,
+    "target_programs": None,
+    "programs_per_sm": 4,
+    "max_split": 32,
+    "act_block": 1024,
+}
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_SM_COUNT: dict[int, int] = {}
+_SCALED_MM_REFUSED: set[tuple[bool, str]] = set()   # why scaled_mm was switched off
+FP8 = torch.float8_e4m3fn
+
+
+def _target(device: torch.device, cfg: dict) -> int:
+    if cfg["target_programs"] is not None:
+        return cfg["target_programs"]
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return cfg["programs_per_sm"] * _SM_COUNT[idx]
+
+
+def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict) -> tuple[int, int]:
+    """(number of K splits, K columns per split, a multiple of block_k)."""
+    k_tiles = triton.cdiv(k, block_k)
+    want = max(1, min(_target(device, cfg) // max(tiles, 1), cfg["max_split"], k_tiles))
+    per = triton.cdiv(k_tiles, want) * block_k
+    return triton.cdiv(k, per), per
+
+
+def _block_m(m: int, cfg: dict) -> int:
+    if cfg["gemm_block_m"]:
+        return cfg["gemm_block_m"]
+    return 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+
+
+def _group_block(block_k: int, group: int, k: int) -> int:
+    """The largest tile <= block_k that never straddles a group boundary."""
+    if group >= k:
+        return block_k
+    while block_k > 8 and group % block_k:
+        block_k //= 2
+    return block_k if group % block_k == 0 else 0
+
+
+def _out_buffer(splits: int, m: int, n: int, x: torch.Tensor, dtype: torch.dtype,
+                bias) -> tuple[torch.Tensor, bool]:
+    """One split: the output itself (the kernel adds the bias and rounds once); several:
+    float32 partial sums, reduced by `_finish`."""
+    if splits == 1:
+        return torch.empty(1, m, n, device=x.device, dtype=dtype), bias is not None
+    return torch.empty(splits, m, n, device=x.device, dtype=torch.float32), False
+
+
+def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
+    """The output: split 0 as it is, or the K splits summed with the bias added and
+    rounded once, in one kernel (one launch more per layer, not three)."""
+    if splits == 1:
+        return out[0]
+    _, m, n = out.shape
+    res = torch.empty(m, n, device=out.device, dtype=dtype)
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+        out, bias if bias is not None else out, res, m * n, n, SPLITS=splits,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    return res
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + sp * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr):
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+# -- w4a16 ----------------------------------------------------------------------------------
+
+@triton.jit
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
+                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    m = tl.program_id(2)
+    BK8: tl.constexpr = BLOCK_K // 8
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_r = tl.arange(0, BK8)
+    acc = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    for k0 in range(k_start, k_end, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        r_mask = rows * 8 < k_end
+        qw = tl.load(qw_ptr + rows.to(tl.int64)[:, None] * N + offs_n[None, :],
+                     mask=r_mask[:, None] & n_mask[None, :], other=0)
+        g = k0 // group_size
+        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        part = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
+        xs = tl.zeros((BK8,), dtype=tl.float32)
+        for i in tl.static_range(8):
+            xi = tl.load(x_row + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
+            wi = ((qw >> (4 * i)) & 0xF).to(tl.float32)
+            part += xi[:, None] * wi
+            xs += xi
+        if HAS_ZERO:
+            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
+            acc += (part - xs[:, None] * z[None, :]) * s[None, :]
+        else:
+            acc += (part - 8.0 * xs[:, None]) * s[None, :]
+    out = tl.sum(acc, axis=0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
+             out.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_os,
+                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, F32: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < k_end
+        a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        qw = tl.load(qw_ptr + (k // 8).to(tl.int64)[:, None] * N + offs_n[None, :],
+                     mask=k_mask[:, None] & n_mask[None, :], other=0)
+        q = ((qw >> ((k % 8) * 4)[:, None]) & 0xF).to(tl.float32)
+        g = k0 // group_size
+        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if HAS_ZERO:
+            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        w = ((q - z[None, :]) * s[None, :]).to(a.dtype)
+        acc += _dot(a, w, F32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
+             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor | None, group_size: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same as `quant.w4a16_linear`: GEMV kernel for up to W4_CONFIG['gemv_max_m'] rows,
+    else the tl.dot kernel; split-K when the output tiles alone cannot fill the GPU."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    cfg = W4_CONFIG
+    gemv = m <= cfg["gemv_max_m"]
+    bk = _group_block(cfg["gemv_block_k" if gemv else "gemm_block_k"], group_size, k)
+    if m == 0 or bk < (8 if gemv else 16) or k % 8:
+        return twin.w4a16_linear(x, qweight, scales, zeros, group_size, bias)
+    x = x.contiguous()
+    zp = zeros if zeros is not None else scales
+    bp = bias if bias is not None else scales
+    if gemv:
+        bn = cfg["gemv_block_n"]
+        tiles = triton.cdiv(n, bn) * m
+        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
+        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
+            x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
+            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+    else:
+        bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
+        _w4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
+            x, qweight, scales, zp, bp, out, m, n, k, x.stride(0), out.stride(0), out.stride(1),
+            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, num_warps=cfg["gemm_warps"],
+            num_stages=cfg["gemm_stages"])
+    return _finish(out, splits, bias, x.dtype)
+
+
+# -- fp8 ------------------------------------------------------------------------------------
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
+                     stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < k_end
+        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        if ROW_SCALE:
+            acc += w * xv[None, :]
+        else:
+            s = tl.load(ws_ptr + (offs_n // BN_S) * stride_ws + k0 // BK_S, mask=n_mask,
+                        other=0.0)
+            acc += w * xv[None, :] * s[:, None]
+    out = tl.sum(acc, axis=1)
+    if ROW_SCALE:
+        out = out * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
+             out.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
+                     stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
+                     ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
+    """W8A8 False: x in its dtype, fp8 weights upcast (w8a16). W8A8 True: x is e4m3
+    with per-row scales `as_ptr`, an fp8 x fp8 dot."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < k_end
+        a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0)   # [BLOCK_N, BLOCK_K]
+        if W8A8:
+            d = _dot(a, tl.trans(w), F32)
+        else:
+            d = _dot(a, tl.trans(w.to(a.dtype)), F32)
+        if ROW_SCALE:
+            acc += d
+        else:
+            s = tl.load(ws_ptr + (offs_n // BN_S) * stride_ws + k0 // BK_S, mask=n_mask,
+                        other=0.0)
+            acc += d * s[None, :]
+    if ROW_SCALE:
+        acc = acc * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)[None, :]
+    if W8A8:
+        acc = acc * tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
+             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _fp8_act_quant_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_xm,
+                          STATIC: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    row = x_ptr + m.to(tl.int64) * stride_xm
+    if STATIC:
+        scale = tl.load(in_scale_ptr).to(tl.float32)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            k = k0 + tl.arange(0, BLOCK)
+            amax = tl.maximum(amax, tl.abs(tl.load(row + k, mask=k < K, other=0.0).to(tl.float32)))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+    for k0 in range(0, K, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        v = tl.load(row + k, mask=k < K, other=0.0).to(tl.float32) / scale
+        v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+        tl.store(q_ptr + m.to(tl.int64) * K + k, v.to(q_ptr.dtype.element_ty), mask=k < K)
+    tl.store(s_ptr + m, scale)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, input_scale: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same as `quant.quantize_fp8_per_token`."""
+    m, k = x.shape
+    q = torch.empty(m, k, device=x.device, dtype=FP8)
+    s = torch.empty(m, 1, device=x.device, dtype=torch.float32)
+    if m:
+        block = min(FP8_CONFIG["act_block"], triton.next_power_of_2(k))
+        _fp8_act_quant_kernel[(m,)](x, q, s, input_scale if input_scale is not None else s,
+                                    k, x.stride(0), STATIC=input_scale is not None, BLOCK=block,
+                                    num_warps=4)
+    return q, s
+
+
+def _scale_layout(weight: torch.Tensor, weight_scale: torch.Tensor, block: tuple[int, int],
+                  bk: int) -> tuple[bool, int, int, int] | None:
+    """(per-row scales?, bn, bk of the scales, a tile size that fits) or None."""
+    n, k = weight.shape
+    bn_s, bk_s = block
+    row = bn_s == 1 and (weight_scale.shape[1] == 1)
+    if not row:
+        while bk > 16 and bk_s < k and bk_s % bk:
+            bk //= 2
+        if bk_s < k and bk_s % bk:
+            return None
+    return row, bn_s, bk_s, bk
+
+
+def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool, bias,
+                dtype) -> torch.Tensor | None:
+    """The fp8 kernels' common launch; None when the scale layout does not fit a tile."""
+    m, k = x.shape
+    n = weight.shape[0]
+    cfg = FP8_CONFIG
+    if gemv:
+        bk0, bn = cfg["gemv_block_k"], cfg["gemv_block_n"]
+    elif w8a8:
+        bk0, bn = cfg["w8a8_block_k"], cfg["w8a8_block_n"]
+    else:
+        bk0, bn = cfg["gemm_block_k"], cfg["gemm_block_n"]
+    lay = _scale_layout(weight, weight_scale, block, bk0)
+    if lay is None:
+        return None
+    row, bn_s, bk_s, bk = lay
+    ws = weight_scale.contiguous()
+    bp = bias if bias is not None else ws
+    if gemv:
+        tiles = triton.cdiv(n, bn) * m
+        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
+        _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
+            x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
+            out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+    else:
+        bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
+        bm = min(bm, max(16, triton.next_power_of_2(m)))
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
+        warps = cfg["w8a8_warps" if w8a8 else "gemm_warps"]
+        stages = cfg["w8a8_stages" if w8a8 else "gemm_stages"]
+        _fp8_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
+            x, weight, ws, a_scale if a_scale is not None else ws, bp, out, m, n, k,
+            x.stride(0), ws.stride(0), out.stride(0), out.stride(1), per, bn_s, bk_s,
+            ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            F32=_INTERPRET, num_warps=warps, num_stages=stages)
+    return _finish(out, splits, bias, dtype)
+
+
+def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                     block: tuple[int, int], input_scale: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, gemv: bool | None = None) -> torch.Tensor:
+    """Same as `quant.fp8_linear` (weight-only): GEMV or tl.dot kernel."""
+    m = x.shape[0]
+    gemv = m <= FP8_CONFIG["gemv_max_m"] if gemv is None else gemv
+    x = x.contiguous()
+    r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype) if m else None
+    return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias) if r is None else r
+
+
+def _scaled_mm_ok(q: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                  block: tuple[int, int], out_dtype: torch.dtype) -> bool:
+    n, k = weight.shape
+    return (FP8_CONFIG["scaled_mm"] and q.is_cuda and out_dtype == torch.bfloat16
+            and block[0] == 1 and weight_scale.shape[1] == 1 and k % 16 == 0 and n % 16 == 0)
+
+
+def fp8_gemm_a8(q: torch.Tensor, a_scale: torch.Tensor, weight: torch.Tensor,
+                weight_scale: torch.Tensor, block: tuple[int, int], bias: torch.Tensor | None,
+                out_dtype: torch.dtype, scaled_mm: bool | None = None) -> torch.Tensor:
+    """Same as `quant.fp8_gemm_a8`: `torch._scaled_mm` (row-wise scales) where it
+    applies, else the Triton fp8 x fp8 kernel."""
+    m = q.shape[0]
+    use_mm = _scaled_mm_ok(q, weight, weight_scale, block, out_dtype) if scaled_mm is None \
+        else scaled_mm
+    if m and use_mm:
+        try:
+            out = torch._scaled_mm(q, weight.t(), scale_a=a_scale,
+                                   scale_b=weight_scale.reshape(1, -1).float(),
+                                   out_dtype=out_dtype)
+            return out if bias is None else out + bias
+        except RuntimeError as e:   # a shape this torch build refuses: Triton from now on
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            _SCALED_MM_REFUSED.add((m % 16 == 0, str(e)[:200]))
+            FP8_CONFIG["scaled_mm"] = False
+    r = _fp8_launch(q, weight, weight_scale, block, a_scale, True, False, bias, out_dtype) \
+        if m else None
+    return twin.fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, out_dtype) \
+        if r is None else r
+
+
+def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    block: tuple[int, int], input_scale: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same as `quant.fp8_w8a8_linear`: per-token activation quantization, then the
+    fp8 GEMM."""
+    x = x.contiguous()
+    q, a_scale = quantize_fp8_per_token(x, input_scale)
+    return fp8_gemm_a8(q, a_scale, weight, weight_scale, block, bias, x.dtype)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               block: tuple[int, int], input_scale: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The GPU's fp8 GEMM: weight-only up to FP8_CONFIG['w8a16_max_m'] rows (twin:
+    `quant.fp8_linear`), fp8 activations above (twin: `quant.fp8_w8a8_linear`)."""
+    if x.shape[0] <= FP8_CONFIG["w8a16_max_m"]:
+        return fp8_w8a16_linear(x, weight, weight_scale, block, input_scale, bias)
+    return fp8_w8a8_linear(x, weight, weight_scale, block, input_scale, bias)

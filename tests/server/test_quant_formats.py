@@ -1,0 +1,202 @@
+"""The quantizer writes what AutoAWQ, GPTQModel, HF transformers and llm-compressor
+write: packing words re-derived with transcriptions of those projects' own packing
+loops and from hand-computed values; HF transformers' own fp8 quantizer and its
+dequantizing loaders (fp8, compressed-tensors) read our files as we do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagefleet.server.ops.int4_packing import (AWQ_ORDER, gptq_v1_qzeros, gptq_zeros_from_qzeros,
+                                               pack_cols, pack_rows, unpack_cols, unpack_rows)
+from pagefleet.server.testing import build_tiny_model
+from pagefleet.server.testing_quant import (awq_quantize, gptq_quantize, hf_fp8_quantize,
+                                            quantize_checkpoint)
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+
+# -- packing, against the tools' loops ------------------------------------------------------
+
+def autoawq_pack(intweight: np.ndarray) -> np.ndarray:
+    """WQLinear_GEMM.from_linear's loop: word col, nibble i <- column col*8 + order[i]."""
+    k, n = intweight.shape
+    q = np.zeros((k, n // 8), dtype=np.uint32)
+    order_map = [0, 2, 4, 6, 1, 3, 5, 7]
+    for col in range(n // 8):
+        for i in range(8):
+            q[:, col] |= intweight[:, col * 8 + order_map[i]].astype(np.uint32) << (i * 4)
+    return q.view(np.int32)
+
+
+def gptq_pack_qweight(intweight: np.ndarray) -> np.ndarray:
+    """AutoGPTQ / GPTQModel: row r of the words holds input rows 8r .. 8r+7."""
+    k, n = intweight.shape
+    q = np.zeros((k // 8, n), dtype=np.uint32)
+    i = row = 0
+    while row < q.shape[0]:
+        for j in range(i, i + 8):
+            q[row] |= intweight[j].astype(np.uint32) << (4 * (j - i))
+        i += 8
+        row += 1
+    return q.view(np.int32)
+
+
+def gptqmodel_qzeros_v1(zeros: np.ndarray) -> np.ndarray:
+    """GPTQModel's qzeros numpy loop (v2), then its v2 -> v1 word subtraction."""
+    g, n = zeros.shape
+    q = np.zeros((g, n // 8), dtype=np.uint32)
+    for col in range(n // 8):
+        for j in range(8):
+            q[:, col] |= zeros[:, col * 8 + j].astype(np.uint32) << (4 * j)
+    return (q - np.uint32(0x11111111)).view(np.int32)
+
+
+def test_hand_computed_words():
+    cols = torch.arange(8, dtype=torch.int32)[None]
+    assert pack_cols(cols, AWQ_ORDER).item() == 0x75316420            # AWQ's nibble order
+    assert pack_cols(cols).item() == 0x76543210
+    assert pack_rows(cols.t()).item() == 0x76543210
+    assert pack_cols(torch.full((1, 8), 15)).item() == -1             # 0xFFFFFFFF as int32
+    assert gptq_v1_qzeros(torch.full((1, 8), 8)).item() == 0x77777777  # symmetric: 8 - 1
+
+
+def test_packing_matches_the_tools_loops():
+    g = np.random.default_rng(0)
+    w = g.integers(0, 16, size=(48, 40))
+    assert np.array_equal(pack_cols(torch.from_numpy(w), AWQ_ORDER).numpy(), autoawq_pack(w))
+    assert np.array_equal(pack_rows(torch.from_numpy(w)).numpy(), gptq_pack_qweight(w))
+    z = g.integers(1, 16, size=(3, 40))
+    assert np.array_equal(gptq_v1_qzeros(torch.from_numpy(z)).numpy(), gptqmodel_qzeros_v1(z))
+    t = torch.from_numpy(w)
+    assert torch.equal(unpack_cols(pack_cols(t, AWQ_ORDER), AWQ_ORDER).long(), t)
+    assert torch.equal(unpack_rows(pack_rows(t)).long(), t)
+    assert torch.equal(gptq_zeros_from_qzeros(gptq_v1_qzeros(torch.from_numpy(z)), True).long(),
+                       torch.from_numpy(z))
+    with pytest.raises(ValueError, match="zero point of 0"):
+        gptq_v1_qzeros(torch.zeros(1, 8, dtype=torch.int32))
+
+
+def test_awq_and_gptq_tensors_as_the_tools_store_them():
+    w = torch.randn(40, 64) * 0.05
+    t, deq = awq_quantize(w, 32)
+    assert (t["qweight"].shape, t["qweight"].dtype) == ((64, 5), torch.int32)
+    assert (t["qzeros"].shape, t["scales"].shape, t["scales"].dtype) == ((2, 5), (2, 40), torch.float16)
+    # AutoAWQ's packing: intweight = round((W + zeros * scales) / scales), words by its loop.
+    z = unpack_cols(t["qzeros"], AWQ_ORDER).float()
+    s = t["scales"].float()
+    gi = torch.arange(64) // 32
+    intweight = torch.round((deq.t() + (z * s)[gi]) / s[gi]).to(torch.int64)
+    assert np.array_equal(t["qweight"].numpy(), autoawq_pack(intweight.numpy()))
+    assert (deq - w).abs().max() <= s.max() / 2 + 1e-6
+
+    perm = torch.randperm(64)
+    t, deq = gptq_quantize(w, 32, sym=False, perm=perm)
+    assert t["qweight"].shape == (8, 40) and t["qzeros"].shape == (2, 5)
+    assert t["g_idx"].dtype == torch.int32 and t["scales"].dtype == torch.float16
+    inv = torch.argsort(perm)
+    assert torch.equal(t["g_idx"].long(), inv // 32)     # AutoGPTQ: g_idx[invperm]
+    z = gptq_zeros_from_qzeros(t["qzeros"], v1=True).float()
+    s = t["scales"].float()
+    gi = t["g_idx"].long()
+    intweight = torch.round((deq.t() + (z * s)[gi]) / s[gi]).to(torch.int64)
+    assert np.array_equal(t["qweight"].numpy(), gptq_pack_qweight(intweight.numpy()))
+    t, _ = gptq_quantize(w, -1, sym=True, perm=None)
+    assert t["scales"].shape == (1, 40) and bool((t["g_idx"] == 0).all())
+    assert bool((unpack_cols(t["qzeros"]) == 7).all())   # sym: 8 stored as 7 (v1)
+
+
+def test_fp8_blocks_are_bitwise_hf_transformers():
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    class Q:   # the quantizer object HF's op reads its config from
+        class quantization_config:
+            weight_block_size = (16, 32)
+            scale_fmt = "float"
+
+    w = torch.randn(48, 64, dtype=torch.bfloat16)
+    hf = Fp8Quantize(Q())._quantize_one("x.weight", w)
+    ours, _ = hf_fp8_quantize(w.float(), (16, 32))
+    assert torch.equal(hf["x.weight"].view(torch.uint8), ours["weight"].view(torch.uint8))
+    assert torch.equal(hf["x.weight_scale_inv"], ours["weight_scale_inv"])
+    assert hf_fp8_quantize(w.float(), (32, 32)) is None    # 48 rows do not tile: kept as is
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fmt")
+    src = build_tiny_model(root / "src", "qwen2", hidden_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, vocab_size=300)
+
+    def make(fmt, **kw):
+        return (quantize_checkpoint(src, root / f"{fmt}{len(kw)}", fmt,
+                                    dequantized_dir=root / f"ref-{fmt}{len(kw)}", **kw),
+                root / f"ref-{fmt}{len(kw)}")
+    return make
+
+
+def _config(path):
+    return json.loads((path / "config.json").read_text())
+
+
+def test_awq_file(written):
+    from safetensors import safe_open
+    q, _ = written("awq", group_size=32)
+    cfg = _config(q)
+    assert cfg["quantization_config"] == {"quant_method": "awq", "zero_point": True,
+                                          "group_size": 32, "bits": 4, "version": "gemm",
+                                          "modules_to_not_convert": None}
+    assert cfg["torch_dtype"] == "float16"
+    with safe_open(str(q / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        p = "model.layers.0.self_attn.q_proj."
+        assert {p + s for s in ("qweight", "qzeros", "scales", "bias")} <= names
+        assert p + "weight" not in names and "lm_head.weight" in names
+        assert f.get_slice(p + "qweight").get_dtype() == "I32"
+        assert f.get_slice("lm_head.weight").get_dtype() == "F16"
+
+
+def test_gptq_file(written):
+    q, _ = written("gptq", group_size=32, desc_act=True, sym=False)
+    qc = _config(q)["quantization_config"]
+    for key, value in {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True,
+                       "sym": False, "checkpoint_format": "gptq", "lm_head": False,
+                       "pack_dtype": "int32"}.items():
+        assert qc[key] == value
+    assert json.loads((q / "quantize_config.json").read_text()) == qc
+
+
+def test_hf_transformers_dequantizes_our_fp8_file_to_the_reference(written):
+    from transformers import AutoModelForCausalLM
+    q, ref = written("fp8", block=(32, 32))
+    qc = _config(q)["quantization_config"]
+    assert qc["quant_method"] == "fp8" and qc["weight_block_size"] == [32, 32]
+    a = AutoModelForCausalLM.from_pretrained(str(q), dtype=torch.float32).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k].float(), b[k]) for k in b)
+
+
+def test_compressed_tensors_reads_our_file_as_fp8_dynamic(written):
+    ct = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    q, ref = written("compressed-tensors", strategy="channel")
+    qc = _config(q)["quantization_config"]
+    parsed = QuantizationConfig.model_validate(qc)
+    scheme = parsed.config_groups["group_0"]
+    preset = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    for part in ("weights", "input_activations"):
+        got, want = getattr(scheme, part), getattr(preset, part)
+        for field in ("num_bits", "type", "strategy", "symmetric", "dynamic"):
+            assert getattr(got, field) == getattr(want, field), (part, field)
+    assert ct.__version__ and parsed.format == "float-quantized"
+    a = AutoModelForCausalLM.from_pretrained(
+        str(q), dtype=torch.float32,
+        quantization_config=CompressedTensorsConfig(dequantize=True)).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).state_dict()
+    assert all(torch.equal(a[k].float(), b[k]) for k in b)
