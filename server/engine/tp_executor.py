@@ -195,7 +195,10 @@ class _Workers:
         kind = ev.kind if ev is not None else "fatal"
         if code == CUDA_OOM_EXIT_CODE:
             kind = "oom"
-        why = f": {ev.message}" if ev is not None and ev.message else " (see its log above)"
+        if ev is not None and ev.message:
+            why = f": {ev.message}"
+        else:   # killed (nothing to read) or exited without a word (its log says why)
+            why = "" if code is not None and code < 0 else " (see its log above)"
         message = (f"tensor-parallel worker rank {rank} (pid {proc.pid}) "
                    f"{_describe_exit(code) if code is not None else 'reported an error'}{why}")
         self.failure = (kind, message)
