@@ -61,3 +61,15 @@ def check_devices(tp_size: int, device_type: str, num_gpus: int) -> None:
             f"World size ({tp_size}) is larger than the number of available GPUs ({num_gpus}) "
             f"in this node. Lower --tensor-parallel-size to at most {max(num_gpus, 1)}, or make "
             "more GPUs visible (CUDA_VISIBLE_DEVICES, the pod's nvidia.com/gpu limit).")
+
+
+def check_quantization(tp_size: int, quantization_config: dict | None) -> None:
+    """Quantized checkpoints shard like dense ones, except GPTQ act-order: a rank's
+    slice of a row-parallel layer mixes groups in an order our int4 kernels (one
+    contiguous group after the other) cannot follow."""
+    q = quantization_config or {}
+    if tp_size > 1 and str(q.get("quant_method", "")).lower() == "gptq" and q.get("desc_act"):
+        raise ConfigError(
+            "GPTQ checkpoints with act-order (desc_act: true) are not supported with "
+            f"--tensor-parallel-size {tp_size} yet; use --tensor-parallel-size 1, or a "
+            "checkpoint quantized with desc_act false.")

@@ -49,7 +49,7 @@ import torch
 import zmq
 
 from pagefleet.server.config import CUDA_OOM_EXIT_CODE, ConfigError, EngineConfig
-from pagefleet.server.distributed.checks import check_devices, tp_shape
+from pagefleet.server.distributed.checks import check_devices, check_quantization, tp_shape
 from pagefleet.server.distributed.comm import TPGroup, make_store
 from pagefleet.server.engine.runner import GiB, ModelRunner, StagedStep, resolve_device
 from pagefleet.server.engine.tp_protocol import (Query, Shutdown, StepMsg, WorkerEvent,
@@ -252,6 +252,7 @@ class TPDriver(ModelRunner):
         n = config.tensor_parallel_size
         self.shape = tp_shape(n, model_cfg.num_heads, model_cfg.num_kv_heads,
                               model_cfg.intermediate_size, model_cfg.vocab_size)
+        check_quantization(n, model_cfg.quantization_config)
         device = resolve_device(config.device)
         check_devices(n, device.type, torch.cuda.device_count() if device.type == "cuda" else 0)
         if device.type == "cuda":

@@ -92,6 +92,46 @@ def test_tp2_greedy_matches_hf(tiny_models, name, caplog):
         llm.shutdown()
 
 
+@pytest.mark.parametrize("fmt,kw,flag", [
+    ("awq", {"group_size": -1}, None),
+    ("gptq", {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"}, "gptq_marlin"),
+    ("compressed-tensors", {"strategy": "channel"}, None)])
+def test_tp2_quantized_checkpoints(tmp_path, fmt, kw, flag):
+    """The quant methods' parameters shard too (int4 AWQ and GPTQ per channel, fp8 per
+    channel): greedy TP=2 equals HF on the dequantized weights the checkpoint means.
+    (Grouped int4 needs each rank's input slice to hold whole groups, which the tiny
+    models' intermediate size 2h+32 never allows at TP=2; real models' do.)"""
+    from pagefleet.server.testing import build_tiny_model
+    from pagefleet.server.testing_quant import quantize_checkpoint
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", seed=3, hidden_size=128, num_layers=2,
+                           num_heads=4, num_kv_heads=2)
+    ref = tmp_path / "ref"
+    qdir = quantize_checkpoint(src, tmp_path / "q", fmt, dequantized_dir=ref, **kw)
+    prompts = random_prompts(5, [3, 20, 41], 500)
+    want = hf_greedy(ref, prompts, [24, 17, 24])
+    assert_diverse(want)
+    llm = LLM(qdir, tensor_parallel_size=2, max_model_len=256, max_num_seqs=4,
+              kv_cache_memory=8 << 20, quantization=flag)
+    try:
+        assert tokens(llm.generate(prompts, [greedy(n) for n in (24, 17, 24)])) == want
+        assert llm.engine.runner.model.quant is not None
+    finally:
+        llm.shutdown()
+
+
+def test_gptq_act_order_is_refused_with_tp(tmp_path):
+    from pagefleet.server.testing import build_tiny_model
+    from pagefleet.server.testing_quant import quantize_checkpoint
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", hidden_size=128, num_layers=1,
+                           num_heads=4, num_kv_heads=2)
+    qdir = quantize_checkpoint(src, tmp_path / "q", "gptq", group_size=32, desc_act=True)
+    with pytest.raises(ConfigError, match=r"act-order \(desc_act: true\) are not supported "
+                                          "with --tensor-parallel-size 2"):
+        LLM(qdir, tensor_parallel_size=2)
+
+
 # -- loading: each rank its shard, and only that ------------------------------------------
 
 H, INTER, LAYERS, HEADS, KV = 768, 768 * 2 + 32, 6, 12, 2
