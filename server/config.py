@@ -73,8 +73,8 @@ class EngineConfig:
                                        "token budget, interleaved with decodes.")
     gpu_memory_utilization: float = opt(0.9, "Fraction of GPU memory the engine may use "
                                         "(weights + activations + KV cache).")
-    kv_cache_memory: int | None = opt(None, "KV cache size in bytes (CPU, or to override GPU "
-                                      "sizing). Default on CPU: 512 MiB.")
+    kv_cache_memory: int | None = opt(None, "KV cache size in bytes per rank (CPU, or to "
+                                      "override GPU sizing). Default on CPU: 512 MiB.")
     num_kv_blocks: int | None = opt(None, "Exact number of KV cache blocks (overrides sizing; "
                                     "for tests and experiments).", flag="--num-gpu-blocks-override")
     kv_cache_dtype: str = opt("auto", "KV cache dtype ('auto' = model dtype).",
@@ -125,7 +125,8 @@ class EngineConfig:
              "must be >= 1")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling-policy",
              "must be fcfs or priority")
-        need(1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE, "tensor-parallel-size",
+        need(1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE,
+             "tensor-parallel-size",
              f"must be between 1 and {MAX_TENSOR_PARALLEL_SIZE} (the GPUs of one node)")
         need(self.pipeline_parallel_size == 1, "pipeline-parallel-size",
              f"pipeline parallelism ({self.pipeline_parallel_size} stages) is not supported; "

@@ -97,7 +97,7 @@ class NcclLibrary:
     def unique_id(self) -> bytes:
         uid = NcclUniqueId()
         self.check(self.lib.ncclGetUniqueId(ctypes.byref(uid)))
-        return bytes(bytearray(uid.internal))
+        return ctypes.string_at(ctypes.addressof(uid), 128)
 
 
 class PyNcclCommunicator:

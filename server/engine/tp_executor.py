@@ -127,6 +127,7 @@ class _Workers:
         self.failed = threading.Event()
         self.closing = False
         self.on_failure: Callable[[str, str], None] | None = None
+        self.abort: Callable[[], None] | None = None    # unblocks collectives (NCCL)
         self._watchdog: threading.Thread | None = None
 
     def spawn(self, spec: WorkerSpec) -> None:
@@ -204,6 +205,11 @@ class _Workers:
         self.failure = (kind, message)
         self.failed.set()
         log.error("%s; the engine cannot continue without it", message)
+        if self.abort is not None:
+            try:
+                self.abort()
+            except Exception as e:  # noqa: BLE001 - best effort; the handler still runs
+                log.warning("aborting the collectives failed: %s", e)
         handler = self.on_failure or _failure_handler
         if handler is not None:
             handler(kind, message)
@@ -280,6 +286,7 @@ class TPDriver(ModelRunner):
                      f" (each on {self.shape.kv_replicas} ranks)" if self.shape.kv_replicas > 1
                      else "", self.shape.vocab_per_rank, model_cfg.vocab_size)
             group = self._guard(lambda: TPGroup(0, n, store, device))
+            self.workers.abort = group.abort
             self._store = store
             self._guard(lambda: ModelRunner.__init__(self, config, model_dir, model_cfg,
                                                      max_model_len, tp=group))
