@@ -55,6 +55,9 @@ RUN pip install \
       "pydantic==2.14.4" \
       "prometheus-client==0.26.0" \
       "httpx==0.28.1" \
+      "xgrammar==0.2.9" \
+      "apache-tvm-ffi==0.1.15.post2" \
+      "jsonschema-rs==0.60.3" \
       "pyyaml==6.0.4"
 COPY pyproject.toml README.md ./
 COPY server/ server/

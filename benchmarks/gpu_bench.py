@@ -620,7 +620,8 @@ def _engine_decode(llm, res, rand_prompt, greedy, args, params_bytes, embed_byte
         summ = StepTimer.summarize(steps)
         # GPU time of the decode forward alone: replay its graph on the last real batch.
         pad = next(b for b in runner._decode_sizes if b >= batch)
-        graph, out = runner._graphs[pad]
+        ctx_max = max(len(eng.scheduler.requests[r].all_token_ids) for r in ids)
+        graph, out = runner._graphs[(pad, runner._graph_width(pad, ctx_max))]
         gpu_ms = median_ms(graph.replay, n=30)
         hidden = out[:batch]
         logits_ms = median_ms(lambda: runner.model.compute_logits(hidden).float(), n=30)

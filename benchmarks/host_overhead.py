@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--stream", action="store_true", help="per-step outputs (server mode)")
+    ap.add_argument("--sampled", action="store_true", help="Qwen2.5's sampling defaults")
     args = ap.parse_args()
     path = build_tiny_model(tempfile.mkdtemp(), "qwen2", hidden_size=32, num_layers=1,
                             num_heads=2, num_kv_heads=1)
@@ -32,12 +33,17 @@ def main() -> None:
               max_num_batched_tokens=max(8192, args.context), num_kv_blocks=args.batch * 64)
     eng = llm.engine
     rng = random.Random(0)
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
+    kind = "delta" if args.stream else "final"
+    if args.sampled:
+        params = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+                                max_tokens=args.steps + 2, ignore_eos=True, output_kind=kind)
+    else:
+        params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True,
+                                output_kind=kind)
     for i in range(args.batch):
-        eng.add_request(str(i), [rng.randrange(3, 500) for _ in range(args.context)], params,
-                        stream=args.stream)
+        eng.add_request(str(i), [rng.randrange(3, 500) for _ in range(args.context)], params)
     while eng.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
-                                       for r in eng.scheduler.running):
+                                       for r in eng.scheduler.running.values()):
         eng.step()
     spent = collections.Counter()
 
@@ -54,9 +60,13 @@ def main() -> None:
     timed(eng.scheduler, "schedule", "schedule")
     timed(eng.runner.model, "forward", "forward (CPU model, excluded)")
     timed(eng.runner.model, "compute_logits", "logits (CPU model, excluded)")
-    timed(eng.sampler, "sample", "sample")
-    timed(eng.runner, "prepare", "prepare (CPU path)")
+    timed(eng.core.sampler, "sample", "sample (queue)")
+    timed(eng.core.sampler, "stage", "sampler stage")
+    timed(eng.runner, "stage", "runner stage (pack inputs)")
+    timed(eng.runner, "execute", "runner execute (incl. model)")
     timed(eng.scheduler, "advance", "advance")
+    timed(eng.core, "_resolve", "resolve (read back, stop checks)")
+    timed(eng.processor, "process", "output processor (detokenize)")
     n, t0 = 0, time.perf_counter()
     for _ in range(args.steps):
         eng.step()
@@ -68,8 +78,9 @@ def main() -> None:
     print(f"host work per step: {host / n * 1e3:.3f} ms")
     for k, v in spent.most_common():
         print(f"  {k:32s} {v / n * 1e3:8.3f} ms")
-    rest = host - sum(v for k, v in spent.items() if "excluded" not in k)
-    print(f"  {'per-request update':32s} {rest / n * 1e3:8.3f} ms")
+    accounted = sum(v for k, v in spent.items() if "excluded" not in k and "execute" not in k)
+    accounted += spent["runner execute (incl. model)"] - model
+    print(f"  {'rest':32s} {(host - accounted) / n * 1e3:8.3f} ms")
 
 
 if __name__ == "__main__":

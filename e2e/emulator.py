@@ -93,7 +93,10 @@ def image_filesystem() -> dict[str, str]:
     """Paths inside the server image -> where the same content is on this machine."""
     from pagefleet.server.testing import demo_model_path
 
-    return {"/opt/pagefleet/models/demo": str(demo_model_path())}
+    return {"/opt/pagefleet/models/demo": str(demo_model_path()),
+            # The image's HF_HOME (a VOLUME), here a folder of the test run's own.
+            "/models/hf-cache": str(Path(os.environ.get("PAGEFLEET_E2E_HF_HOME") or
+                                         Path(__file__).resolve().parents[1] / ".e2e-hf-cache"))}
 
 
 # ---------------------------------------------------------------- RBAC
@@ -537,7 +540,10 @@ class Kubelet:
         env["HOSTNAME"] = run.name
         for e in container.get("env") or []:
             if "value" in e:
-                env[e["name"]] = str(e["value"])
+                value = str(e["value"])
+                for inside, outside in self.image_fs.items():  # paths inside the image
+                    value = value.replace(inside, outside) if value.startswith(inside) else value
+                env[e["name"]] = value
             elif "secretKeyRef" in (e.get("valueFrom") or {}):
                 ref = e["valueFrom"]["secretKeyRef"]
                 secret = await self.api.call("GET", f"/api/v1/namespaces/{run.namespace}/secrets/{ref['name']}")

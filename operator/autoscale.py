@@ -19,15 +19,18 @@ because users already reason in them and already tune KEDA/HPA rules on
   (whichever is more) over the size at the period's start, so one burst does not
   ask the cluster for dozens of GPUs at once.
 
-Time is passed in (monotonic seconds), so tests drive it.
+Time is passed in (wall-clock epoch seconds, so the history can be kept in the
+status across operator restarts), so tests drive it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from pagefleet.operator import crd
 from pagefleet.operator.spec import AutoscalingSpec
 
 TOLERANCE = 0.1
@@ -41,6 +44,8 @@ class PodSample:
     pod: str
     ready: bool
     value: float | None
+    values: Mapping[str, float] = field(default_factory=dict)   # every metric read from the page
+    error: str | None = None                                    # why value is None
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,10 @@ def stabilize(current: int, recommendation: int, history: Sequence[Recommendatio
     if replicas > down:
         replicas = down
     keep = max(up_window, down_window)
-    new_history = tuple(r for r in history if r.at > now - keep) + (Recommendation(now, recommendation),)
+    # Only the latest time of each value matters to a min/max over a window, so one
+    # entry per value is kept (a short list, cheap to keep in the status).
+    new_history = tuple(r for r in history if r.at > now - keep and r.replicas != recommendation) + (
+        Recommendation(now, recommendation),)
     return replicas, new_history
 
 
@@ -120,10 +128,17 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
+def describe(policy: AutoscalingSpec, total: float) -> str:
+    """`14 waiting, target 5 per replica` / `concurrency 180, target 96 per replica`."""
+    if policy.metric == crd.METRIC_WAITING:
+        return f"{_fmt(total)} waiting, target {_fmt(policy.target)} per replica"
+    return f"{policy.metric} {_fmt(total)}, target {_fmt(policy.target)} per replica"
+
+
 def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
            policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = ()) -> Decision:
     """One autoscaler evaluation."""
-    raw = metric_replicas(samples, current, policy.target_waiting_requests)
+    raw = metric_replicas(samples, current, policy.target)
     recommendation = max(policy.min_replicas, min(policy.max_replicas, raw))
     stabilized, new_history = stabilize(current, recommendation, history, now,
                                         policy.scale_up_stabilization_seconds,
@@ -138,8 +153,8 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     if replicas > current:
         recent += (ScaleUp(now, replicas - current),)
     reported = [s.value for s in samples if s.ready and s.value is not None]
-    waiting = float(sum(reported))
-    why = f"{_fmt(waiting)} waiting, target {_fmt(policy.target_waiting_requests)} per replica"
+    total = float(sum(reported))
+    why = describe(policy, total)
     if raw > policy.max_replicas and replicas == policy.max_replicas:
         why += f" (capped at maxReplicas {policy.max_replicas})"
     elif raw < policy.min_replicas and replicas == policy.min_replicas:
@@ -151,8 +166,10 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     unreported = len(samples) - len(reported) + max(0, current - len(samples))
     if unreported:
         why += f"; {unreported} pod(s) not reporting"
+    if not reported and samples:
+        why += " (no metrics: holding the size)"
     reason = f"scaled {current} -> {replicas}: {why}" if replicas != current else f"holding {current}: {why}"
-    return Decision(replicas=replicas, recommendation=recommendation, waiting=waiting,
+    return Decision(replicas=replicas, recommendation=recommendation, waiting=total,
                     reported=len(reported), history=new_history, reason=reason,
                     scale_ups=recent)
 
@@ -161,3 +178,47 @@ def seed_history(current: int, now: float) -> tuple[Recommendation, ...]:
     """History for a fresh operator (start, restart, failover): as if the current
     size had just been recommended, so a restart never skips a scale-down window."""
     return (Recommendation(now, current),)
+
+
+def history_to_status(history: Sequence[Recommendation], scale_ups: Sequence[ScaleUp],
+                      to_iso: Any) -> dict[str, Any]:
+    """status.autoscaler: the windows' content, so a restarted (or failed-over)
+    operator decides exactly as the one before it would have."""
+    return {"recommendations": [{"time": to_iso(r.at), "replicas": r.replicas} for r in history],
+            "scaleUps": [{"time": to_iso(e.at), "added": e.added} for e in scale_ups]}
+
+
+def history_from_status(st: Mapping[str, Any] | None, from_iso: Any
+                        ) -> tuple[tuple[Recommendation, ...], tuple[ScaleUp, ...]] | None:
+    """Inverse of history_to_status; None when the status holds none (or garbage)."""
+    data = (st or {}).get("autoscaler")
+    if not isinstance(data, Mapping) or not data.get("recommendations"):
+        return None
+    try:
+        recs = tuple(Recommendation(from_iso(r["time"]), int(r["replicas"])) for r in data["recommendations"])
+        ups = tuple(ScaleUp(from_iso(e["time"]), int(e["added"])) for e in data.get("scaleUps") or [])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if any(r.at is None for r in recs) or any(e.at is None for e in ups):
+        return None
+    return recs, ups
+
+
+def persisted(old: Mapping[str, Any] | None, history: Sequence[Recommendation], scale_ups: Sequence[ScaleUp],
+              now: float, refresh_s: float, to_iso: Any, from_iso: Any) -> dict[str, Any]:
+    """What to keep in status.autoscaler: the new history when its values changed or a
+    scale happened, else the old one until the current recommendation's time in it is
+    `refresh_s` old. Each evaluation would otherwise write the status just to move one
+    timestamp; a time kept up to `refresh_s` late can end a window at most that early."""
+    new = history_to_status(history, scale_ups, to_iso)
+    if not isinstance(old, Mapping) or not history:
+        return new
+    values = lambda h: sorted(int(r["replicas"]) for r in h.get("recommendations") or [])  # noqa: E731
+    if values(old) != values(new) or (old.get("scaleUps") or []) != new["scaleUps"]:
+        return new
+    latest = history[-1]
+    for r in old.get("recommendations") or []:
+        if int(r["replicas"]) == latest.replicas:
+            at = from_iso(r["time"])
+            return new if at is None or now - at >= refresh_s else dict(old)
+    return new

@@ -3,7 +3,9 @@
 `pagefleet operator` runs kopf in-process with our handlers: all namespaces unless
 `--namespace` is given (repeatable), a liveness endpoint for the Deployment's probe,
 and kopf peering (on by default) so that extra operator replicas stand by instead of
-acting twice. `pagefleet crd` prints the CRD YAML that charts/ and manifests/ hold.
+acting twice: each replica gets a distinct priority (earliest registration highest),
+and a standby takes over within --peering-lifetime of the leader's death.
+`pagefleet crd` prints the CRD YAML that charts/ and manifests/ hold.
 """
 
 from __future__ import annotations
@@ -15,6 +17,26 @@ import sys
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_PEERING = "pagefleet"
+DEFAULT_LIFETIME = 60
+
+
+def _priority(text: str) -> int | None:
+    """--priority: an integer, or 'auto' (None)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def identity() -> str:
+    """This replica's peering identity: the pod name (POD_NAME, set by the chart from
+    the downward API) or the host name, plus the process id, so two processes on one
+    machine never share it."""
+    import socket
+
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}/{os.getpid()}"
 
 
 def crd_parser() -> argparse.ArgumentParser:
@@ -39,8 +61,13 @@ def operator_parser() -> argparse.ArgumentParser:
                    help="No peering: act even if other operators run (single replica, tests).")
     p.add_argument("--peering", default=DEFAULT_PEERING, metavar="NAME",
                    help=f"kopf peering object shared by the operator replicas (default {DEFAULT_PEERING}).")
-    p.add_argument("--priority", type=int, default=0,
-                   help="Peering priority: the highest-priority replica acts, the others pause.")
+    p.add_argument("--priority", type=_priority, default=None, metavar="N|auto",
+                   help="Peering priority: the highest-priority replica acts, the others pause. "
+                        "Default auto: the replica that registered first acts (distinct per "
+                        "replica; equal priorities would pause every replica).")
+    p.add_argument("--peering-lifetime", type=int, default=DEFAULT_LIFETIME, metavar="S",
+                   help=f"Seconds a replica's peering record lives without a keep-alive (default "
+                        f"{DEFAULT_LIFETIME}): a killed leader is replaced within this time.")
     p.add_argument("--server-image", default=None, metavar="IMAGE",
                    help="Default server image for ModelDeployments without spec.image "
                         "(default: $PAGEFLEET_SERVER_IMAGE, else the built-in one).")
@@ -62,15 +89,21 @@ def run_operator(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
     if not args.verbose:  # one access line per liveness probe is noise
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        # ... and so is "Handler 'child_changed' succeeded" on every child status update:
+        # the operator's own log lines (pagefleet.operator) tell what it did.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = list(args.namespace)
     memo = kopf.Memo()
+    me = identity()
     memo["pf_settings"] = controller.Settings(
-        default_image=args.server_image or os.environ.get(handlers.IMAGE_ENV, DEFAULT_IMAGE))
+        default_image=args.server_image or os.environ.get(handlers.IMAGE_ENV, DEFAULT_IMAGE),
+        instance=me)
     if not args.standalone:
         # Not kopf.run(peering_name=...): that makes peering mandatory, and kopf then
         # pauses for good when the peering CRDs are not installed. The startup handler
-        # sets the name and creates the peering object instead.
-        memo["pf_peering"] = {"name": args.peering,
+        # creates the peering object, then makes peering mandatory and registers.
+        memo["pf_peering"] = {"name": args.peering, "identity": me, "priority": args.priority,
+                              "lifetime": args.peering_lifetime,
                               "namespaces": [ns for ns in namespaces if "*" not in ns]}
     # Exact namespace names need no cluster-wide listing of namespaces or CRDs, so a
     # namespace-scoped RBAC role is enough (kopf would otherwise retry 403s for a minute).
@@ -80,6 +113,7 @@ def run_operator(argv: list[str]) -> int:
         namespaces=namespaces,
         standalone=args.standalone,
         priority=args.priority,
+        identity=me,
         liveness_endpoint=args.liveness or None,
         memo=memo,
     )

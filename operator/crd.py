@@ -1,7 +1,8 @@
 """The `ModelDeployment` CustomResourceDefinition, in one place.
 
 Everything the API server needs to know about the resource lives here: the
-openAPIV3 schema (types, ranges, enums, defaults, the CEL rule for min <= max),
+openAPIV3 schema (types, ranges, enums, defaults, the CEL rule for min <= max, a
+description on every field, core types such as affinity from `coretypes.json`),
 the status and scale subresources and the printer columns. `pagefleet crd` prints
 it; `charts/pagefleet/crds/` and `manifests/crd.yaml` hold that output verbatim and
 a test fails when they drift. `spec.py` applies the same defaults (an API server
@@ -19,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from pagefleet.server.config import EngineConfig
+from pagefleet.operator import coretypes
+from pagefleet.server.config import CUDA_OOM_EXIT_CODE, EngineConfig, ServerConfig, flag_name
 
 GROUP = "pagefleet.dev"
 VERSION = "v1alpha1"
@@ -30,7 +32,8 @@ SHORT_NAMES = ["mdep"]
 API_VERSION = f"{GROUP}/{VERSION}"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-# spec.engine key -> EngineConfig field. The order is the order of the rendered args.
+# spec.engine key -> EngineConfig/ServerConfig field. The order is the order of the
+# rendered args.
 ENGINE_FIELDS: dict[str, str] = {
     "maxModelLen": "max_model_len",
     "gpuMemoryUtilization": "gpu_memory_utilization",
@@ -41,23 +44,50 @@ ENGINE_FIELDS: dict[str, str] = {
     "enableChunkedPrefill": "enable_chunked_prefill",
     "kvCacheDtype": "kv_cache_dtype",
     "dtype": "dtype",
+    "quantization": "quantization",
     "schedulingPolicy": "scheduling_policy",
+    "shutdownTimeout": "shutdown_timeout",
 }
 
-DEFAULT_METRIC = "vllm:num_requests_waiting"
+# Autoscaling metrics with a name: what each reads from a pod's /metrics (summed over
+# the pod's samples) and its default target per replica. Any other value of
+# spec.autoscaling.metric is a gauge name read as is.
+METRIC_CONCURRENCY = "concurrency"
+METRIC_WAITING = "waiting"
+METRIC_KV_CACHE = "kvCacheUsage"
+NAMED_METRICS: dict[str, tuple[str, ...]] = {
+    METRIC_CONCURRENCY: ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    METRIC_WAITING: ("vllm:num_requests_waiting",),
+    METRIC_KV_CACHE: ("vllm:kv_cache_usage_perc",),
+}
+DEFAULT_METRIC = METRIC_CONCURRENCY
+MAX_GPUS = 8
 # Kubernetes resource.Quantity, as the API server's own OpenAPI spells it.
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 MIN_MAX_RULE = "self.minReplicas <= self.maxReplicas"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _engine_field(name: str) -> dataclasses.Field:
+    for cls in (EngineConfig, ServerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return f
+    raise KeyError(name)
 
 
 def _engine_choices(name: str) -> list[Any]:
-    """The values `pagefleet serve` accepts for an EngineConfig field."""
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == name:
-            return list(f.metadata["choices"])
-    raise KeyError(name)
+    """The values `pagefleet serve` accepts for a config field."""
+    return list(_engine_field(name).metadata["choices"])
+
+
+def _flag_doc(name: str) -> str:
+    """`--flag`: the server's own help text, so the CRD says what `pagefleet serve --help` says."""
+    f = _engine_field(name)
+    return f"{flag_name(f)}: {f.metadata['help']}"
 
 
 def _int(minimum: int | None = None, default: int | None = None, description: str = "",
@@ -72,139 +102,210 @@ def _int(minimum: int | None = None, default: int | None = None, description: st
     return out
 
 
+def _str(description: str, **kw: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **kw}
+
+
+def _bool(description: str, default: bool | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "boolean", "description": description}
+    if default is not None:
+        out["default"] = default
+    return out
+
+
 def _quantity(description: str) -> dict[str, Any]:
     return {"description": description, "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
 
 
-def _free_object(description: str) -> dict[str, Any]:
-    """A Kubernetes core type we pass through untouched (affinity, tolerations...)."""
-    return {"type": "object", "description": description,
-            "x-kubernetes-preserve-unknown-fields": True}
+def _string_map(description: str) -> dict[str, Any]:
+    return {"type": "object", "description": description, "additionalProperties": {"type": "string"}}
+
+
+def _secret_key_ref(description: str, default_key: str) -> dict[str, Any]:
+    return {"type": "object", "description": description, "required": ["name"], "properties": {
+        "name": _str("Name of the Secret (same namespace).", minLength=1),
+        "key": _str(f"Key in the Secret (default {default_key}).", minLength=1, default=default_key)}}
 
 
 def engine_schema() -> dict[str, Any]:
     """spec.engine: server flags. Unset fields keep the server's own defaults."""
-    return {
-        "type": "object",
-        "description": "Server engine flags (same meaning as `pagefleet serve` / vLLM). "
-                       "Unset fields keep the server's defaults.",
-        "properties": {
-            "maxModelLen": _int(1, description="--max-model-len: context length (prompt + "
-                                "output). Sizes the KV cache per sequence."),
-            "gpuMemoryUtilization": {
-                "type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
-                "description": "--gpu-memory-utilization: fraction of GPU memory, in (0, 1]."},
-            "maxNumSeqs": _int(1, description="--max-num-seqs: sequences per engine step."),
-            "maxNumBatchedTokens": _int(1, description="--max-num-batched-tokens: tokens per "
-                                        "engine step."),
-            "blockSize": {"type": "integer", "enum": _engine_choices("block_size"),
-                          "description": "--block-size: tokens per KV cache block."},
-            "enablePrefixCaching": {"type": "boolean",
-                                    "description": "--enable-prefix-caching / --no-enable-prefix-caching."},
-            "enableChunkedPrefill": {"type": "boolean",
-                                     "description": "--enable-chunked-prefill / --no-enable-chunked-prefill."},
-            "kvCacheDtype": {"type": "string", "enum": _engine_choices("kv_cache_dtype"),
-                             "description": "--kv-cache-dtype."},
-            "dtype": {"type": "string", "enum": _engine_choices("dtype"),
-                      "description": "--dtype."},
-            "schedulingPolicy": {"type": "string", "enum": _engine_choices("scheduling_policy"),
-                                 "description": "--scheduling-policy."},
-            "extraArgs": {"type": "array", "items": {"type": "string"},
-                          "description": "More `pagefleet serve` flags, appended verbatim. "
-                                         "--host, --port, --served-model-name and --api-key "
-                                         "are the operator's."},
-        },
+    props: dict[str, Any] = {
+        "maxModelLen": _int(1, description=_flag_doc("max_model_len")),
+        "gpuMemoryUtilization": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
+                                 "description": _flag_doc("gpu_memory_utilization") + " In (0, 1]."},
+        "maxNumSeqs": _int(1, description=_flag_doc("max_num_seqs")),
+        "maxNumBatchedTokens": _int(1, description=_flag_doc("max_num_batched_tokens")),
+        "blockSize": {"type": "integer", "enum": _engine_choices("block_size"),
+                      "description": _flag_doc("block_size")},
+        "enablePrefixCaching": _bool(_flag_doc("enable_prefix_caching")),
+        "enableChunkedPrefill": _bool(_flag_doc("enable_chunked_prefill")),
+        "kvCacheDtype": _str(_flag_doc("kv_cache_dtype"), enum=_engine_choices("kv_cache_dtype")),
+        "dtype": _str(_flag_doc("dtype"), enum=_engine_choices("dtype")),
+        "quantization": _str(_flag_doc("quantization"), enum=_engine_choices("quantization")),
+        "schedulingPolicy": _str(_flag_doc("scheduling_policy"), enum=_engine_choices("scheduling_policy")),
+        "shutdownTimeout": {"type": "number", "minimum": 0,
+                            "description": _flag_doc("shutdown_timeout") + " The pod's "
+                            "terminationGracePeriodSeconds is sized from it."},
+        "extraArgs": {"type": "array", "items": {"type": "string"},
+                      "description": "More `pagefleet serve` flags, appended verbatim and parsed "
+                                     "with the server's own parser (no abbreviations). --host, "
+                                     "--port, --served-model-name, --api-key and --config are the "
+                                     "operator's; --tensor-parallel-size must equal resources.gpus."},
     }
+    assert list(props)[:-1] == list(ENGINE_FIELDS), "ENGINE_FIELDS and the schema list the same keys"
+    return {"type": "object",
+            "description": "Server flags (same meaning as `pagefleet serve` / vLLM). Unset fields "
+                           "keep the server's defaults.",
+            "properties": props}
 
 
 def autoscaling_schema() -> dict[str, Any]:
-    """spec.autoscaling: HPA-like scaling on a per-pod queue metric."""
+    """spec.autoscaling: HPA-like scaling on a per-pod metric."""
     return {
         "type": "object",
-        "description": "Scale replicas from the servers' waiting queue (Kubernetes HPA "
-                       "semantics). When enabled the operator owns the Deployment's "
-                       "replica count and spec.replicas is ignored.",
+        "description": "Scale replicas from the servers' own metrics (Kubernetes HPA semantics). "
+                       "When enabled the operator owns the Deployment's replica count and "
+                       "spec.replicas is ignored.",
         "properties": {
-            "enabled": {"type": "boolean", "default": False},
+            "enabled": _bool("Turn the autoscaler on.", False),
             "minReplicas": _int(1, 1, "Lower bound of the replica count."),
             "maxReplicas": _int(1, 4, "Upper bound of the replica count."),
+            "metric": _str(
+                "What a replica's load is: `concurrency` (vllm:num_requests_running + "
+                "vllm:num_requests_waiting, the default), `waiting` (vllm:num_requests_waiting), "
+                "`kvCacheUsage` (vllm:kv_cache_usage_perc, 0..1), or the name of any gauge on the "
+                "servers' /metrics. A pod's samples are summed.",
+                pattern=METRIC_NAME_PATTERN, default=DEFAULT_METRIC),
+            "target": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                       "description": "Target value of the metric per replica: desired = "
+                                      "ceil(sum over pods / target). Default: engine.maxNumSeqs "
+                                      "(or the server's) for concurrency, 5 for waiting, 0.8 for "
+                                      "kvCacheUsage; required for a gauge name."},
             "targetWaitingRequests": {
-                "type": "number", "exclusiveMinimum": True, "minimum": 0, "default": 5,
-                "description": "Target value of the metric per replica (sum over pods / "
-                               "this = desired replicas)."},
-            "metric": {"type": "string", "pattern": METRIC_NAME_PATTERN, "default": DEFAULT_METRIC,
-                       "description": "Gauge scraped from each ready pod's /metrics; the "
-                                      "samples of a pod are summed."},
+                "type": "number", "exclusiveMinimum": True, "minimum": 0,
+                "description": "Deprecated: the same as metric: waiting with this target."},
             "scaleUpStabilizationSeconds": _int(0, 0, "Scale up to the lowest recommendation "
                                                 "of this window (0: at once)."),
             "scaleDownStabilizationSeconds": _int(0, 300, "Scale down to the highest "
                                                   "recommendation of this window."),
             "intervalSeconds": _int(1, 15, "Seconds between evaluations (and status updates)."),
         },
-        "x-kubernetes-validations": [{
-            "rule": MIN_MAX_RULE,
-            "message": "minReplicas must be <= maxReplicas",
-            "fieldPath": ".minReplicas",
-            "reason": "FieldValueInvalid",
-        }],
+        # No fieldPath/reason: Kubernetes 1.27 (the oldest the chart supports) lacks them.
+        "x-kubernetes-validations": [{"rule": MIN_MAX_RULE,
+                                      "message": "minReplicas must be <= maxReplicas"}],
+    }
+
+
+def oom_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "OOM remediation: when the pods crash with a CUDA out-of-memory (the server's "
+                       f"exit code {CUDA_OOM_EXIT_CODE}) or are OOMKilled maxOOMs times within "
+                       "windowSeconds, the operator lowers the effective gpuMemoryUtilization by "
+                       "step (not below floor) and rolls the pods. Recorded in status, never in "
+                       "the spec; a spec change starts over from the spec's value.",
+        "properties": {
+            "enabled": _bool("Turn OOM remediation on.", True),
+            "maxOOMs": _int(1, 3, "OOMs within the window that trigger one step down."),
+            "windowSeconds": _int(1, 600, "The counting window."),
+            "step": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 0.5,
+                     "default": 0.05, "description": "How much to lower gpuMemoryUtilization per step."},
+            "floor": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
+                      "default": 0.5, "description": "Never lower gpuMemoryUtilization below this."},
+        },
     }
 
 
 def spec_schema() -> dict[str, Any]:
     return {
         "type": "object",
+        "description": "What to serve and how.",
         "required": ["model"],
         "properties": {
-            "model": {"type": "string", "minLength": 1,
-                      "description": "Hugging Face repo id or a path inside the pod "
-                                     "(e.g. on the model cache volume)."},
-            "servedModelName": {"type": "string", "minLength": 1,
-                                "description": "Model name in the API (default: model)."},
-            "image": {"type": "string", "minLength": 1,
-                      "description": "Server image (default: the operator's)."},
+            "model": _str("Hugging Face repo id or a path inside the pod (e.g. on the model "
+                          "cache volume).", minLength=1),
+            "servedModelName": _str("Model name in the API (default: model).", minLength=1),
+            "image": _str("Server image (default: the operator's --server-image, recorded in "
+                          "status.serverImage so an operator upgrade does not roll the pods).",
+                          minLength=1),
             "engine": engine_schema(),
-            "replicas": _int(0, 1, "Replicas when autoscaling is off (the scale "
-                             "subresource writes this)."),
+            "replicas": _int(0, 1, "Replicas when autoscaling is off (the scale subresource "
+                             "writes this)."),
             "autoscaling": autoscaling_schema(),
             "resources": {
                 "type": "object",
                 "description": "Per replica.",
                 "properties": {
-                    "gpus": _int(0, 1, "nvidia.com/gpu per replica (0: CPU only)."),
+                    "gpus": _int(0, 1, f"nvidia.com/gpu per replica, 0 (CPU only) to {MAX_GPUS}. More "
+                                 "than one shards the model with --tensor-parallel-size.",
+                                 maximum=MAX_GPUS),
                     "cpu": _quantity("CPU request."),
                     "memory": _quantity("Memory request and limit."),
-                    "shmSize": _quantity("Size of the /dev/shm emptyDir (default 2Gi)."),
+                    "shmSize": _quantity("Size of the in-memory /dev/shm (default 2Gi, 8Gi with "
+                                         "more than one GPU: NCCL uses it)."),
+                    "ephemeralStorage": _quantity("Size of the emptyDir that holds the downloaded "
+                                                  "weights when there is no modelCache (requested "
+                                                  "as ephemeral-storage; default 50Gi)."),
                 },
             },
-            "apiKeySecretRef": {
-                "type": "object",
-                "description": "Secret holding the API key, exposed as PAGEFLEET_API_KEY.",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1},
-                    "key": {"type": "string", "minLength": 1, "default": "api-key"},
-                },
-            },
+            "apiKeySecretRef": _secret_key_ref("Secret holding the API key, exposed to the server "
+                                               "as PAGEFLEET_API_KEY.", "api-key"),
+            "hfTokenSecretRef": _secret_key_ref("Secret holding a Hugging Face token, exposed as "
+                                                "HF_TOKEN (gated models).", "token"),
             "modelCache": {
                 "type": "object",
-                "description": "PersistentVolumeClaim mounted where HF_HOME points, so "
-                               "restarts and new replicas skip the download.",
+                "description": "PersistentVolumeClaim mounted where HF_HOME points, so restarts and "
+                               "new replicas skip the download. A ReadWriteOnce claim makes "
+                               "rollouts replace pods one at a time (maxSurge 0).",
                 "required": ["claimName"],
                 "properties": {
-                    "claimName": {"type": "string", "minLength": 1},
-                    "mountPath": {"type": "string", "pattern": "^/", "default": "/models/hf-cache"},
-                    "readOnly": {"type": "boolean", "default": False},
+                    "claimName": _str("Name of the PersistentVolumeClaim (same namespace).", minLength=1),
+                    "mountPath": _str("Where it is mounted (HF_HOME).", pattern="^/",
+                                      default="/models/hf-cache"),
+                    "readOnly": _bool("Mount read-only (weights pre-loaded).", False),
                 },
             },
-            "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
-            "tolerations": {"type": "array", "items": _free_object("core/v1 Toleration")},
-            "affinity": _free_object("core/v1 Affinity"),
-            "priorityClassName": {"type": "string"},
-            "env": {"type": "array", "description": "Extra container env (core/v1 EnvVar).",
-                    "items": {"type": "object", "required": ["name"],
-                              "properties": {"name": {"type": "string", "minLength": 1}},
-                              "x-kubernetes-preserve-unknown-fields": True}},
+            "nodeSelector": _string_map("Pod nodeSelector."),
+            "tolerations": coretypes.list_of("Toleration", "Pod tolerations (GPU pods also "
+                                             "tolerate the nvidia.com/gpu taint)."),
+            "affinity": coretypes.schema("Affinity", "Pod affinity."),
+            "topologySpreadConstraints": coretypes.list_of(
+                "TopologySpreadConstraint", "Pod topology spread. Default: spread replicas over "
+                "nodes (kubernetes.io/hostname, maxSkew 1, ScheduleAnyway); [] turns it off."),
+            "priorityClassName": _str("Pod priorityClassName."),
+            "runtimeClassName": _str("Pod runtimeClassName (e.g. nvidia)."),
+            "imagePullSecrets": coretypes.list_of("LocalObjectReference", "Pull secrets of the server image."),
+            "serviceAccountName": _str("Service account of the pods (default: the namespace's "
+                                       "default one).", pattern=DNS_SUBDOMAIN_PATTERN),
+            "automountServiceAccountToken": _bool("Mount the service account token into the "
+                                                  "pods. The server needs none.", False),
+            "podMetadata": {"type": "object", "description": "Extra pod labels and annotations "
+                            "(Istio, Kueue, gateways). The operator's own keys win.",
+                            "properties": {"labels": _string_map("Extra pod labels."),
+                                           "annotations": _string_map("Extra pod annotations.")}},
+            "volumes": coretypes.list_of("Volume", "Extra pod volumes (the types Pod Security "
+                                         "`restricted` allows)."),
+            "volumeMounts": coretypes.list_of("VolumeMount", "Extra mounts in the server container."),
+            "podSecurityContext": coretypes.schema("PodSecurityContext", "Overrides of the pod "
+                                                   "securityContext (keys merge over the "
+                                                   "restricted defaults)."),
+            "securityContext": coretypes.schema("SecurityContext", "Overrides of the server "
+                                                "container's securityContext (keys merge over "
+                                                "the restricted defaults)."),
+            "env": coretypes.list_of("EnvVar", "Extra container env (the operator's own variables win)."),
+            "disruption": {
+                "type": "object",
+                "description": "The PodDisruptionBudget.",
+                "properties": {
+                    "maxUnavailable": _int(1, 1, "Replicas a node drain may take at once (with 2 "
+                                           "or more replicas)."),
+                    "evictLastReplica": _bool("Let a drain evict the only replica (the model goes "
+                                              "offline). Default: a 1-replica model blocks drains.",
+                                              False),
+                },
+            },
+            "oomRemediation": oom_schema(),
         },
     }
 
@@ -212,28 +313,66 @@ def spec_schema() -> dict[str, Any]:
 def status_schema() -> dict[str, Any]:
     condition = {
         "type": "object",
+        "description": "A Kubernetes condition.",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer"},
+            "type": _str("Available, Progressing, Degraded, Ready, Reconciling, Stalled, "
+                         "MetricsAvailable, OOMRemediation, CacheShared."),
+            "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _str("Machine-readable reason."),
+            "message": _str("Human-readable message."),
+            "lastTransitionTime": _str("When status last changed.", format="date-time"),
+            "observedGeneration": _int(description="The generation this condition describes."),
         },
     }
+    stamp = {"type": "object", "description": "A past recommendation.", "properties": {
+        "time": _str("When.", format="date-time"), "replicas": _int(description="Replicas."),
+        "added": _int(description="Replicas added (scale-ups).")}}
     return {
         "type": "object",
+        "description": "What the operator observed and did.",
         "properties": {
-            "observedGeneration": {"type": "integer"},
-            "replicas": {"type": "integer"},
-            "readyReplicas": {"type": "integer"},
-            "desiredReplicas": {"type": "integer"},
-            "waitingRequests": {"type": "number"},
-            "selector": {"type": "string"},
-            "endpoint": {"type": "string"},
-            "lastScaleTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": _int(description="The last generation whose Deployment, Service "
+                                       "and PodDisruptionBudget were all applied."),
+            "replicas": _int(description="Pods of the Deployment."),
+            "readyReplicas": _int(description="Ready pods."),
+            "desiredReplicas": _int(description="Replicas the operator asks for."),
+            "waitingRequests": {"type": "number", "description": "vllm:num_requests_waiting summed "
+                                "over the pods that reported it (absent when none did)."},
+            "runningRequests": {"type": "number", "description": "vllm:num_requests_running summed "
+                                "over the pods that reported it (absent when none did)."},
+            "metricValue": {"type": "number", "description": "The autoscaling metric per reporting "
+                            "replica."},
+            "selector": _str("Label selector of the pods (scale subresource)."),
+            "endpoint": _str("OpenAI base URL inside the cluster."),
+            "serverImage": _str("The server image the pods run (spec.image or the operator "
+                                "default at the time of the spec's last change)."),
+            "templateHash": _str("Hash of the spec (and remediation) the pod template was "
+                                 "rendered from."),
+            "lastScaleTime": _str("When the autoscaler last changed the replicas.", format="date-time"),
+            "autoscaler": {"type": "object", "description": "Autoscaler history, so an operator "
+                           "restart keeps the stabilization windows and rate limit.", "properties": {
+                               "recommendations": {"type": "array", "items": stamp,
+                                                   "description": "Recent recommendations."},
+                               "scaleUps": {"type": "array", "items": stamp,
+                                            "description": "Recent scale-ups."}}},
+            "oomRemediation": {"type": "object", "description": "OOM remediation state (reset by "
+                               "a spec change).", "properties": {
+                                   "gpuMemoryUtilization": {"type": "number", "description":
+                                                            "The effective value the pods run with."},
+                                   "specHash": _str("Hash of the spec this applies to."),
+                                   "ooms": {"type": "array", "description": "Recent OOM exits counted.",
+                                            "items": {"type": "object", "description": "One OOM exit.",
+                                                      "properties": {
+                                                          "pod": _str("Pod name."),
+                                                          "time": _str("When it ended.", format="date-time"),
+                                                          "reason": _str("CudaOutOfMemory or OOMKilled.")}}},
+                                   "lastRemediationTime": _str("When it last stepped down.",
+                                                               format="date-time")}},
             "conditions": {"type": "array", "items": condition,
+                           "description": "Available, Progressing, Degraded and the "
+                                          "kstatus trio Ready, Reconciling, Stalled, plus "
+                                          "MetricsAvailable, OOMRemediation and CacheShared.",
                            "x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"]},
         },
@@ -243,11 +382,13 @@ def status_schema() -> dict[str, Any]:
 def openapi_schema() -> dict[str, Any]:
     return {
         "type": "object",
+        "description": "A fleet of `pagefleet serve` replicas behind one Service, autoscaled on "
+                       "the servers' own metrics.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": _str("APIVersion of this object."),
+            "kind": _str("Kind of this object."),
+            "metadata": {"type": "object", "description": "Standard object metadata."},
             "spec": spec_schema(),
             "status": status_schema(),
         },

@@ -2,8 +2,14 @@
 
 - create / update / resume -> controller.reconcile (children match the spec)
 - a daemon per ModelDeployment -> controller.evaluate every intervalSeconds
-  (autoscaling and status), sleeping on kopf's stop flag so deletion is prompt
+  (metrics, autoscaling, OOM remediation, status), with the pods from a watch cache
+  (the `pf_pods` index) instead of a LIST per round
+- events of the Deployments, Services and PDBs the operator manages ->
+  controller.repair (a deleted or hand-edited child is put back)
 - delete -> controller.cleanup (owner references do it on a real cluster too)
+
+Leader election is kopf peering (see `startup`): the replica registered first acts,
+the others pause their watches and daemons until it is gone.
 
 Usable both through `pagefleet operator` and as `kopf run -m pagefleet.operator.handlers`.
 Handler progress and the diff base are kept in annotations under
@@ -13,27 +19,32 @@ operator.pagefleet.dev, so `.status` holds only what DESIGN.md lists.
 from __future__ import annotations
 
 import asyncio
+import copy
+import datetime
 import logging
 import os
+import time
 from typing import Any
 
 import aiohttp
 import kopf
 
-from pagefleet.operator import controller, crd
+from pagefleet.operator import controller, crd, metrics, names, resources
 from pagefleet.operator.kube import KubeClient, KubeError, path_for
 from pagefleet.operator.spec import DEFAULT_IMAGE
 
 RESOURCE: dict[str, Any] = {"group": crd.GROUP, "version": crd.VERSION, "plural": crd.PLURAL}
 PREFIX = "operator.pagefleet.dev"
 IMAGE_ENV = "PAGEFLEET_SERVER_IMAGE"
+MANAGED = {"labels": {"app.kubernetes.io/managed-by": resources.MANAGER}}
+log = logging.getLogger("pagefleet.operator")
 
 
-def _state(memo: kopf.Memo) -> controller.State:
-    """Per-resource in-memory state (kopf gives each object its own memo)."""
-    if "pf_state" not in memo:
-        memo["pf_state"] = controller.State()
-    return memo["pf_state"]
+def _state(memo: kopf.Memo, namespace: str, name: str) -> controller.State:
+    """Per-ModelDeployment state, shared by its handlers, its daemon and the
+    handlers of its children (so they all take the same lock)."""
+    states: dict[tuple[str, str], controller.State] = memo.setdefault("pf_states", {})
+    return states.setdefault((namespace, name), controller.State())
 
 
 @kopf.on.startup()
@@ -57,21 +68,24 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
         memo["kube"] = KubeClient.from_environment()
     # Shared by every per-resource memo (they are shallow copies of this one).
     memo["pf_exiting"] = asyncio.Event()
+    memo.setdefault("pf_states", {})
     if "pf_settings" not in memo:
         memo["pf_settings"] = controller.Settings(default_image=os.environ.get(IMAGE_ENV, DEFAULT_IMAGE))
+    memo["pf_settings"].session = metrics.new_session()
     peering = memo.get("pf_peering")
     if peering and not settings.peering.standalone:
         settings.peering.name = peering["name"]
-        await ensure_peering(memo["kube"], peering, logger)
+        settings.peering.lifetime = peering.get("lifetime", settings.peering.lifetime)
+        if await ensure_peering(memo["kube"], peering, logger):
+            await join_peering(memo["kube"], peering, settings, logger)
 
 
-async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logging.Logger) -> None:
+async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logging.Logger) -> bool:
     """kopf only peers through an existing peering object; create it if missing so a
-    second operator replica pauses instead of double-acting."""
+    second operator replica pauses instead of double-acting. False when the peering
+    CRDs are missing (the operator then runs alone, with a warning)."""
     name = peering["name"]
-    targets = ([("clusterkopfpeerings", None)] if not peering["namespaces"]
-               else [("kopfpeerings", ns) for ns in peering["namespaces"]])
-    for plural, ns in targets:
+    for plural, ns in _peering_objects(peering):
         path = path_for("kopf.dev/v1", plural, ns, name)
         try:
             if await kube.get(path) is None:
@@ -83,52 +97,143 @@ async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logg
         except (KubeError, aiohttp.ClientError, OSError) as e:
             logger.warning(f"Cannot ensure the peering object {name!r} ({e}); install the kopf "
                            "peering CRDs (`pagefleet crd --peering`) for more than one replica.")
+            return False
+    return True
+
+
+def _peering_objects(peering: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return ([("clusterkopfpeerings", None)] if not peering["namespaces"]
+            else [("kopfpeerings", ns) for ns in peering["namespaces"]])
+
+
+def auto_priority() -> int:
+    """Earlier registration, higher priority: the replica that registered first keeps
+    acting and a newcomer (a second replica, a rollout's surge pod) waits for it. Each
+    replica's value is distinct (microseconds), so kopf never sees a tie, which pauses
+    every operator. Negative, so an explicit --priority (kopf's default 0, e.g. a
+    developer's `kopf run` on a laptop) outranks the in-cluster replicas."""
+    return -(time.time_ns() // 1000)
+
+
+async def join_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
+                       logger: logging.Logger) -> None:
+    """Make peering mandatory (start paused until the peers are seen, so a newcomer
+    never acts before it knows about the replica already acting) and write this
+    replica's presence before any watch starts."""
+    settings.peering.mandatory = True
+    if peering.get("priority") is None:
+        settings.peering.priority = auto_priority()
+    identity = peering.get("identity")
+    if not identity:
+        return
+    record = {"priority": settings.peering.priority, "lifetime": settings.peering.lifetime,
+              "lastseen": datetime.datetime.now(datetime.UTC).isoformat()}
+    for plural, ns in _peering_objects(peering):
+        try:
+            await kube.patch(path_for("kopf.dev/v1", plural, ns, peering["name"]),
+                             {"status": {identity: record}})
+        except (KubeError, aiohttp.ClientError, OSError) as e:
+            logger.warning(f"Cannot register in the peering object ({e}); kopf will retry.")
+    logger.info(f"Peering as {identity!r} with priority {settings.peering.priority}.")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if "pf_exiting" in memo:
         memo["pf_exiting"].set()
+    settings = memo.get("pf_settings")
+    if settings is not None and settings.session is not None:
+        await settings.session.close()
+        settings.session = None
     if "kube" in memo:
         await memo["kube"].close()
 
 
+# ---------------------------------------------------------------- watch caches
+
+@kopf.index(**RESOURCE)
+def pf_mdeps(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """ModelDeployments by (namespace, child name): the owner of a child or a pod."""
+    return {(namespace, names.child_name(name)): copy.deepcopy(dict(body))}
+
+
+@kopf.index("v1", "pods", **MANAGED)
+def pf_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Server pods by (namespace, child name): what the autoscaler scrapes and the
+    OOM remediation reads, kept current by a watch (no LIST per round)."""
+    owner = labels.get(resources.LABEL_MDEP)
+    return {(namespace, owner): copy.deepcopy(dict(body))} if owner else None
+
+
+def _owner(index: kopf.Index, namespace: str, labels: kopf.Labels) -> dict[str, Any] | None:
+    store = index.get((namespace, labels.get(resources.LABEL_MDEP)), None)
+    return next(iter(store), None) if store else None
+
+
+# ---------------------------------------------------------------- ModelDeployments
+
 @kopf.on.resume(**RESOURCE)
 @kopf.on.create(**RESOURCE)
 @kopf.on.update(**RESOURCE)
-async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile(body: kopf.Body, memo: kopf.Memo, namespace: str, name: str, **_: Any) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
     try:
-        await controller.reconcile(memo["kube"], body, _state(memo), memo["pf_settings"])
-    except KubeError as e:
-        # Conflicts, throttling and server errors heal; retry with a delay.
-        raise kopf.TemporaryError(str(e), delay=10) from e
+        await controller.reconcile(memo["kube"], body, _state(memo, namespace, name), memo["pf_settings"])
+    except (KubeError, controller.Conflict) as e:
+        # Reported as Degraded already. Conflicts, throttling and server errors heal;
+        # refusals need a change somewhere, so they are retried less often.
+        raise kopf.TemporaryError(str(e), delay=60 if controller._stalling(e) else 10) from e
 
 
 @kopf.on.delete(**RESOURCE)
 async def delete(name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    state = _state(memo)
+    state = _state(memo, namespace, name)
     async with state.lock:
         state.deleting = True
         try:
             deleted = await controller.cleanup(memo["kube"], namespace, name)
         except KubeError as e:
             raise kopf.TemporaryError(str(e), delay=5) from e
+    memo["pf_states"].pop((namespace, name), None)
     logger.info(f"Deleted {', '.join(deleted) or 'nothing (already gone)'}.")
 
 
 @kopf.daemon(**RESOURCE, cancellation_timeout=10)
-async def autoscaler(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    state = _state(memo)
+async def autoscaler(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, namespace: str,
+                     name: str, pf_pods: kopf.Index, **_: Any) -> None:
+    state = _state(memo, namespace, name)
     exiting: asyncio.Event = memo["pf_exiting"]
     loop = asyncio.get_running_loop()
+    key = (namespace, names.child_name(name))
     while not (stopped or state.deleting or exiting.is_set()):
         if body.metadata.get("deletionTimestamp"):
             break
-        delay = await controller.safe_evaluate(memo["kube"], body, state, memo["pf_settings"])
+        pods = list(pf_pods.get(key, []))
+        delay = await controller.safe_evaluate(memo["kube"], body, state, memo["pf_settings"], pods)
         # Sleep on kopf's stop flag (deletion, operator exit), in short steps so a
         # daemon that kopf spawned late during shutdown also notices the exit.
         deadline = loop.time() + delay
         while not (stopped or exiting.is_set()) and (left := deadline - loop.time()) > 0:
             await stopped.wait(min(left, 0.5))
+
+
+# ---------------------------------------------------------------- children
+
+@kopf.on.event("apps/v1", "deployments", **MANAGED)
+@kopf.on.event("v1", "services", **MANAGED)
+@kopf.on.event("policy/v1", "poddisruptionbudgets", **MANAGED)
+async def child_changed(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+                        pf_mdeps: kopf.Index, **_: Any) -> None:
+    if event.get("type") not in ("MODIFIED", "DELETED"):
+        return  # ADDED and the initial listing: nothing changed behind the operator's back
+    owner = _owner(pf_mdeps, namespace, labels)
+    if owner is None:
+        return  # its ModelDeployment is gone (garbage collection follows)
+    meta = owner["metadata"]
+    state = _state(memo, meta["namespace"], meta["name"])
+    try:
+        await controller.repair(memo["kube"], owner, state, memo["pf_settings"], event["object"],
+                                deleted=event.get("type") == "DELETED")
+    except (KubeError, controller.Conflict, aiohttp.ClientError) as e:
+        log.warning("%s/%s: repair failed: %s", meta["namespace"], meta["name"], e)

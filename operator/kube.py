@@ -42,7 +42,7 @@ def path_for(api_version: str, plural: str, namespace: str | None, name: str | N
 
 PLURALS = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "services"),
            "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"), "Pod": ("v1", "pods"),
-           "Event": ("v1", "events")}
+           "Event": ("v1", "events"), "PersistentVolumeClaim": ("v1", "persistentvolumeclaims")}
 
 
 def object_path(obj: Mapping[str, Any]) -> str:
@@ -161,7 +161,7 @@ class KubeClient:
             raise
 
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str,
-                         component: str = "pagefleet-operator") -> None:
+                         component: str = "pagefleet-operator", instance: str | None = None) -> None:
         """A core/v1 Event with an explicit unique name (some emulators cannot
         generateName)."""
         meta = involved.get("metadata") or {}
@@ -179,7 +179,7 @@ class KubeClient:
             "message": message[:1024],
             "source": {"component": component},
             "reportingComponent": component,
-            "reportingInstance": component,
+            "reportingInstance": instance or component,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,

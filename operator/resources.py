@@ -9,14 +9,14 @@ serve` builds its parser from, so a renamed flag cannot silently break pods.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagefleet.operator import crd
-from pagefleet.operator.spec import ModelDeploymentSpec
-from pagefleet.server.config import ServerConfig, engine_flag
+from pagefleet.operator import crd, serverargs
+from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec
+from pagefleet.server.config import engine_flag
 
 PORT = 8000
 PORT_NAME = "http"
@@ -24,9 +24,12 @@ CONTAINER_NAME = "server"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 API_KEY_ENV = "PAGEFLEET_API_KEY"
+HF_TOKEN_ENV = "HF_TOKEN"
 LABEL_MDEP = "pagefleet.dev/model-deployment"
 LAST_APPLIED = "pagefleet.dev/last-applied"
+TEMPLATE_HASH = "pagefleet.dev/template-hash"
 MANAGER = "pagefleet-operator"
+SERVER_UID = 10001                     # the server image's user (Dockerfile)
 
 # Model loads (download + weights to GPU + CUDA graph capture) take minutes; the
 # startup probe gives them 30 minutes before liveness may restart the pod.
@@ -45,16 +48,17 @@ READINESS_FAILURES = 3
 # kube-proxy / gateways to stop routing to it; then SIGTERM lets the server finish
 # in-flight requests for its --shutdown-timeout.
 PRESTOP_SLEEP_S = 10
-_SHUTDOWN_TIMEOUT_S = next(f.default for f in dataclasses.fields(ServerConfig)
-                           if f.name == "shutdown_timeout")
-TERMINATION_GRACE_S = PRESTOP_SLEEP_S + int(_SHUTDOWN_TIMEOUT_S) + 5
+GRACE_MARGIN_S = 5
 # A rollout may legitimately wait for the whole startup budget.
 PROGRESS_DEADLINE_S = STARTUP_PERIOD_S * STARTUP_FAILURES + 600
 GPU_RESOURCE = "nvidia.com/gpu"
+TMP_SIZE = "4Gi"                       # /tmp: Triton, CUDA and torch compile caches (HOME=/tmp)
+SINGLE_NODE_MODES = {"ReadWriteOnce", "ReadWriteOncePod"}
 
 
 def selector_labels(name: str) -> dict[str, str]:
-    """Labels that pick this ModelDeployment's pods (immutable once created)."""
+    """Labels that pick a ModelDeployment's pods (immutable once created). `name` is
+    the child name (names.child_name), always a valid label value."""
     return {LABEL_MDEP: name, "app.kubernetes.io/component": "server"}
 
 
@@ -66,15 +70,15 @@ def selector_string(name: str) -> str:
 def labels(spec: ModelDeploymentSpec) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "pagefleet",
-        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/instance": spec.child_name,
         "app.kubernetes.io/managed-by": MANAGER,
-        **selector_labels(spec.name),
+        **selector_labels(spec.child_name),
     }
 
 
 def endpoint(spec: ModelDeploymentSpec) -> str:
     """OpenAI base URL inside the cluster."""
-    return f"http://{spec.name}.{spec.namespace}.svc:{PORT}/v1"
+    return f"http://{spec.child_name}.{spec.namespace}.svc:{PORT}/v1"
 
 
 def owner_references(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
@@ -87,7 +91,7 @@ def owner_references(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
 
 
 def _metadata(spec: ModelDeploymentSpec) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)}
+    meta: dict[str, Any] = {"name": spec.child_name, "namespace": spec.namespace, "labels": labels(spec)}
     refs = owner_references(spec)
     if refs:
         meta["ownerReferences"] = refs
@@ -112,7 +116,21 @@ def server_args(spec: ModelDeploymentSpec) -> list[str]:
             args.append(flag if value else "--no-" + flag[2:])
         else:
             args += [flag, _flag_value(value)]
-    return args + list(spec.extra_args)
+    # One replica over several GPUs: shard the model (issue 14), unless extraArgs says
+    # so itself (spec.py has checked that it says the same).
+    if spec.resources.gpus > 1 and "tensor_parallel_size" not in serverargs.parse(spec.extra_args):
+        args += [engine_flag("tensor_parallel_size"), str(spec.resources.gpus)]
+    args += list(spec.extra_args)
+    if spec.gpu_memory_utilization_override is not None:  # last, so it wins over extraArgs
+        args += [engine_flag("gpu_memory_utilization"), _flag_value(spec.gpu_memory_utilization_override)]
+    return args
+
+
+def termination_grace_seconds(spec: ModelDeploymentSpec) -> int:
+    """preStop, then the server's effective --shutdown-timeout (a CR field or
+    extraArgs), then a margin for the process to exit."""
+    shutdown = float(serverargs.effective(server_args(spec), "shutdown_timeout"))
+    return PRESTOP_SLEEP_S + math.ceil(shutdown) + GRACE_MARGIN_S
 
 
 def _probe(period: int, timeout: int, failures: int) -> dict[str, Any]:
@@ -128,6 +146,8 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
         requests["cpu"] = r.cpu
     if r.memory:
         requests["memory"] = limits["memory"] = r.memory
+    if spec.model_cache is None:  # the weights land in an emptyDir on the node's disk
+        requests["ephemeral-storage"] = r.ephemeral_storage
     if r.gpus > 0:  # extended resources: request == limit, set through limits
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(r.gpus)
     out: dict[str, Any] = {}
@@ -138,13 +158,20 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
     return out
 
 
+def cache_path(spec: ModelDeploymentSpec) -> str:
+    return spec.model_cache.mount_path if spec.model_cache else CACHE_PATH
+
+
 def _env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = []
-    if spec.model_cache:
-        env.append({"name": "HF_HOME", "value": spec.model_cache.mount_path})
+    # HOME: the root filesystem is read-only, and Triton/CUDA keep caches under ~.
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": cache_path(spec)},
+                                 {"name": "HOME", "value": "/tmp"}]
     if spec.api_key:
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": spec.api_key.name, "key": spec.api_key.key}}})
+    if spec.hf_token:
+        env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": spec.hf_token.name, "key": spec.hf_token.key}}})
     managed = {e["name"] for e in env}
     return env + [copy.deepcopy(e) for e in spec.env if e["name"] not in managed]
 
@@ -158,15 +185,48 @@ def _tolerations(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     return tolerations
 
 
-def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+def _topology_spread(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """Default: replicas on different nodes where possible (a node failure takes one
+    replica, not the fleet); soft, so a single big GPU node still takes them all."""
+    if spec.topology_spread is not None:
+        return copy.deepcopy(spec.topology_spread)
+    return [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+             "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": selector_labels(spec.child_name)}}]
+
+
+def pod_security_context(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """Pod Security `restricted` by default; CR keys override one by one."""
+    return {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID,
+            "fsGroup": SERVER_UID, "seccompProfile": {"type": "RuntimeDefault"},
+            **copy.deepcopy(spec.pod_security_context)}
+
+
+def container_security_context(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            **copy.deepcopy(spec.security_context)}
+
+
+def _volumes(spec: ModelDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}}]
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
     if spec.model_cache:
         mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path,
                        "readOnly": spec.model_cache.read_only})
         volumes.append({"name": "model-cache", "persistentVolumeClaim": {
             "claimName": spec.model_cache.claim_name, "readOnly": spec.model_cache.read_only}})
+    else:
+        mounts.append({"name": "model-cache", "mountPath": CACHE_PATH})
+        volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": spec.resources.ephemeral_storage}})
+    return volumes + copy.deepcopy(spec.volumes), mounts + copy.deepcopy(spec.volume_mounts)
+
+
+def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -180,46 +240,71 @@ def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
         "readinessProbe": _probe(READINESS_PERIOD_S, READINESS_TIMEOUT_S, READINESS_FAILURES),
         "livenessProbe": _probe(LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S, LIVENESS_FAILURES),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
+        "securityContext": container_security_context(spec),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
+        "automountServiceAccountToken": spec.automount_service_account_token,
+        "securityContext": pod_security_context(spec),
     }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(spec.image_pull_secrets)
     tolerations = _tolerations(spec)
     if tolerations:
         pod_spec["tolerations"] = tolerations
+    spread = _topology_spread(spec)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    # The template hash on the pods too: OOM remediation counts only the exits of pods
+    # rendered from the current spec and level.
+    annotations = {**spec.pod_annotations, "prometheus.io/scrape": "true",
+                   "prometheus.io/port": str(PORT), "prometheus.io/path": METRICS_PATH,
+                   TEMPLATE_HASH: spec.spec_hash}
     return {
-        "metadata": {
-            "labels": labels(spec),
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
-                            "prometheus.io/path": METRICS_PATH},
-        },
+        "metadata": {"labels": {**spec.pod_labels, **labels(spec)}, "annotations": annotations},
         "spec": pod_spec,
     }
 
 
-def deployment(spec: ModelDeploymentSpec, replicas: int) -> dict[str, Any]:
+def rollout_strategy(spec: ModelDeploymentSpec, cache_access_modes: Sequence[str] | None) -> dict[str, Any]:
+    """Never drop below the serving capacity during a rollout (a new pod must be ready,
+    model loaded, before an old one goes): maxSurge 1, maxUnavailable 0. Except when
+    the model cache can only be mounted on one node (ReadWriteOnce, or access modes
+    unknown): a surge pod elsewhere could never start, so replace one at a time."""
+    if spec.model_cache is not None and (cache_access_modes is None
+                                         or set(cache_access_modes) <= SINGLE_NODE_MODES):
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
+def deployment(spec: ModelDeploymentSpec, replicas: int,
+               cache_access_modes: Sequence[str] | None = ("ReadWriteMany",)) -> dict[str, Any]:
     """The server Deployment. `replicas` is decided by the caller: spec.replicas, or
-    the autoscaler's current value when autoscaling is on."""
+    the autoscaler's current value when autoscaling is on. `cache_access_modes` are the
+    model cache PVC's (None: unknown)."""
+    meta = _metadata(spec)
+    meta["annotations"] = {TEMPLATE_HASH: spec.spec_hash}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(spec),
+        "metadata": meta,
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": selector_labels(spec.name)},
-            # Never drop below the serving capacity during a rollout: a new pod must be
-            # ready (model loaded) before an old one goes.
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "selector": {"matchLabels": selector_labels(spec.child_name)},
+            "strategy": rollout_strategy(spec, cache_access_modes),
             "progressDeadlineSeconds": PROGRESS_DEADLINE_S,
             "revisionHistoryLimit": 5,
             "template": pod_template(spec),
@@ -234,19 +319,25 @@ def service(spec: ModelDeploymentSpec) -> dict[str, Any]:
         "metadata": _metadata(spec),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(spec.name),
+            "selector": selector_labels(spec.child_name),
             "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }
 
 
-def pod_disruption_budget(spec: ModelDeploymentSpec) -> dict[str, Any]:
-    """Node drains take one replica at a time: reloading a model is slow."""
+def pod_disruption_budget(spec: ModelDeploymentSpec, replicas: int) -> dict[str, Any]:
+    """Node drains take replicas one at a time (reloading a model is slow). At one
+    replica a drain would take the model offline: minAvailable 1 blocks that, unless
+    spec.disruption.evictLastReplica opts in."""
+    if replicas <= 1 and not spec.disruption.evict_last_replica:
+        budget: dict[str, Any] = {"minAvailable": 1}
+    else:
+        budget = {"maxUnavailable": spec.disruption.max_unavailable}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(spec.name)}},
+        "spec": {**budget, "selector": {"matchLabels": selector_labels(spec.child_name)}},
     }
 
 
@@ -313,3 +404,46 @@ def apply_patch(live: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str
                                             if k not in ("name", "namespace")},
                                "spec": target["spec"]})
     return patch
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Every field of `want` is in `have` with the same value; lists must match item by
+    item. Fields `have` has beyond `want` (API server defaults, others' labels) are fine."""
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(
+            (v is None and have.get(k) is None) or (k in have and is_subset(v, have[k]))
+            for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(
+            is_subset(w, h) for w, h in zip(want, have, strict=True))
+    return want == have
+
+
+def in_sync(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Does the live object still hold everything the operator wants in it? False after
+    a hand edit (a changed arg, a removed env var, a scaled Deployment)."""
+    want = _managed(desired)
+    if want["metadata"]["ownerReferences"] is None:
+        del want["metadata"]["ownerReferences"]
+    want["metadata"]["annotations"] = {k: v for k, v in (desired["metadata"].get("annotations") or {}).items()
+                                       if k != LAST_APPLIED}
+    return is_subset(want, live)
+
+
+def frozen_template(live: Mapping[str, Any] | None, template_hash: str) -> dict[str, Any] | None:
+    """The pod template the operator last applied, if it was rendered from the same
+    spec (same hash): an operator upgrade then re-applies it as it was, so running
+    fleets roll only when their ModelDeployment changes."""
+    if not live or (live.get("metadata", {}).get("annotations") or {}).get(TEMPLATE_HASH) != template_hash:
+        return None
+    applied = last_applied(live) or {}
+    template = (applied.get("spec") or {}).get("template")
+    return copy.deepcopy(template) if template else None
+
+
+def controller_uid(live: Mapping[str, Any]) -> str | None:
+    """uid of the object's controlling owner, if any."""
+    for ref in (live.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None

@@ -11,19 +11,23 @@ them, so they are defined once.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagefleet.operator import crd
+from pagefleet.operator import coretypes, crd, names, serverargs
 
 DEFAULT_IMAGE = "ghcr.io/pagefleet/pagefleet:0.1.0"
 DEFAULT_SHM_SIZE = "2Gi"
-# Flags the operator renders itself; extraArgs may not override them (probes, the
-# Service and the Secret depend on them).
-RESERVED_FLAGS = ("--host", "--port", "--served-model-name", "--api-key")
+DEFAULT_TP_SHM_SIZE = "8Gi"       # NCCL's shared-memory transport between the ranks
+DEFAULT_CACHE_SIZE = "50Gi"       # the emptyDir for weights when there is no modelCache
+CACHE_PATH = "/models/hf-cache"   # HF_HOME: the server image's VOLUME
+DEFAULT_TARGETS = {crd.METRIC_WAITING: 5.0, crd.METRIC_KV_CACHE: 0.8}
 
 
 class SpecError(ValueError):
@@ -40,11 +44,16 @@ class AutoscalingSpec:
     enabled: bool = False
     min_replicas: int = 1
     max_replicas: int = 4
-    target_waiting_requests: float = 5.0
     metric: str = crd.DEFAULT_METRIC
+    target: float = 256.0
     scale_up_stabilization_seconds: int = 0
     scale_down_stabilization_seconds: int = 300
     interval_seconds: int = 15
+
+    @property
+    def samples(self) -> tuple[str, ...]:
+        """The exposition sample names whose sum is a pod's metric value."""
+        return crd.NAMED_METRICS.get(self.metric, (self.metric,))
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class ResourcesSpec:
     cpu: str | None = None
     memory: str | None = None
     shm_size: str = DEFAULT_SHM_SIZE
+    ephemeral_storage: str = DEFAULT_CACHE_SIZE
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,21 @@ class ModelCacheSpec:
     claim_name: str
     mount_path: str
     read_only: bool = False
+
+
+@dataclass(frozen=True)
+class DisruptionSpec:
+    max_unavailable: int = 1
+    evict_last_replica: bool = False
+
+
+@dataclass(frozen=True)
+class OOMSpec:
+    enabled: bool = True
+    max_ooms: int = 3
+    window_seconds: int = 600
+    step: float = 0.05
+    floor: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,28 @@ class ModelDeploymentSpec:
     affinity: dict[str, Any] | None = None
     priority_class_name: str | None = None
     env: list[dict[str, Any]] = field(default_factory=list)
+    image_from_spec: bool = False    # spec.image was set (else: the operator's default)
+    hf_token: SecretKeyRef | None = None
+    topology_spread: list[dict[str, Any]] | None = None   # None: the default spread
+    runtime_class_name: str | None = None
+    image_pull_secrets: list[dict[str, Any]] = field(default_factory=list)
+    service_account_name: str | None = None
+    automount_service_account_token: bool = False
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    pod_security_context: dict[str, Any] = field(default_factory=dict)
+    security_context: dict[str, Any] = field(default_factory=dict)
+    disruption: DisruptionSpec = DisruptionSpec()
+    oom: OOMSpec = OOMSpec()
+    spec_hash: str = ""              # hash of what the pod template is rendered from
+    gpu_memory_utilization_override: float | None = None   # OOM remediation's, rendered last
+
+    @property
+    def child_name(self) -> str:
+        """Name of the Deployment, Service and PDB (a valid Service name)."""
+        return names.child_name(self.name)
 
 
 def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
@@ -145,12 +192,15 @@ class _Reader:
             raise SpecError(self.at(key), f"must be <= {maximum} (got {v})")
         return v
 
-    def number(self, key: str, *, above: float | None = None, maximum: float | None = None) -> float | None:
+    def number(self, key: str, *, above: float | None = None, maximum: float | None = None,
+               at_least: float | None = None) -> float | None:
         v = self.data.get(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise SpecError(self.at(key), f"must be a number (got {v!r})")
+        if at_least is not None and v < at_least:
+            raise SpecError(self.at(key), f"must be >= {at_least:g} (got {v:g})")
         if above is not None and maximum is not None and not (above < v <= maximum):
             raise SpecError(self.at(key), f"must be > {above:g} and <= {maximum:g} (got {v:g})")
         if above is not None and not v > above:
@@ -194,7 +244,27 @@ class _Reader:
         return [dict(x) for x in v]
 
 
-def _engine(r: _Reader) -> tuple[dict[str, Any], tuple[str, ...]]:
+    def core(self, key: str, type_name: str, *, many: bool = False) -> Any:
+        """A core/v1 object (or list of them) checked against its structural schema."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        sch = coretypes.list_of(type_name, "") if many else coretypes.schema(type_name)
+        try:
+            coretypes.check(v, sch, self.at(key))
+        except coretypes.SchemaError as e:
+            raise SpecError(e.path, e.rule) from None
+        return copy.deepcopy(v)
+
+    def string_map(self, key: str) -> dict[str, str]:
+        v = self.data.get(key) or {}
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str)
+                                                 for k, x in v.items()):
+            raise SpecError(self.at(key), "must map strings to strings")
+        return dict(v)
+
+
+def _engine(r: _Reader, gpus: int) -> tuple[dict[str, Any], tuple[str, ...]]:
     props = crd.engine_schema()["properties"]
     out: dict[str, Any] = {}
     for key in crd.ENGINE_FIELDS:
@@ -203,8 +273,10 @@ def _engine(r: _Reader) -> tuple[dict[str, Any], tuple[str, ...]]:
             v = r.choice(key, p["enum"])
         elif p["type"] == "integer":
             v = r.integer(key, minimum=p.get("minimum"))
-        elif p["type"] == "number":
+        elif p["type"] == "number" and p.get("exclusiveMinimum"):
             v = r.number(key, above=p["minimum"], maximum=p.get("maximum"))
+        elif p["type"] == "number":
+            v = r.number(key, at_least=p["minimum"])
         else:
             v = r.boolean(key)
         if v is not None:
@@ -212,23 +284,46 @@ def _engine(r: _Reader) -> tuple[dict[str, Any], tuple[str, ...]]:
     extra = r.data.get("extraArgs") or []
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise SpecError(r.at("extraArgs"), "must be a list of strings")
-    for a in extra:
-        if a.split("=", 1)[0] in RESERVED_FLAGS:
-            raise SpecError(r.at("extraArgs"), f"must not set {a.split('=', 1)[0]}: the operator "
-                            "sets it (use servedModelName / apiKeySecretRef)")
+    try:
+        given = serverargs.check_extra(extra)
+    except serverargs.ArgsError as e:
+        raise SpecError(r.at("extraArgs"), str(e)) from None
+    tp = given.get("tensor_parallel_size")
+    if tp is not None and gpus >= 1 and tp != gpus:
+        raise SpecError(r.at("extraArgs"), f"--tensor-parallel-size {tp} must equal resources.gpus "
+                        f"({gpus}): each rank takes one GPU")
     return out, tuple(extra)
 
 
-def _autoscaling(r: _Reader | None) -> AutoscalingSpec:
-    if r is None:
-        return AutoscalingSpec()
+def _autoscaling(r: _Reader | None, max_num_seqs: int) -> AutoscalingSpec:
     d = AutoscalingSpec()
+    if r is None:
+        return dataclasses.replace(d, target=float(max_num_seqs))
+    legacy = r.number("targetWaitingRequests", above=0)
+    metric = r.string("metric", pattern=crd.METRIC_NAME_PATTERN) or d.metric
+    target = r.number("target", above=0)
+    if legacy is not None:
+        # The field of the first release: the target of `metric`, which then defaulted
+        # to the waiting queue.
+        if target is not None:
+            raise SpecError(r.at("targetWaitingRequests"), "is the deprecated name of target; "
+                            "set only target")
+        target = legacy
+        if metric == crd.DEFAULT_METRIC:
+            metric = crd.METRIC_WAITING
+    if target is None:
+        if metric == crd.METRIC_CONCURRENCY:
+            target = float(max_num_seqs)
+        elif metric in DEFAULT_TARGETS:
+            target = DEFAULT_TARGETS[metric]
+        else:
+            raise SpecError(r.at("target"), f"is required for the gauge {metric!r}")
     spec = AutoscalingSpec(
         enabled=bool(r.boolean("enabled")),
         min_replicas=r.integer("minReplicas", minimum=1) or d.min_replicas,
         max_replicas=r.integer("maxReplicas", minimum=1) or d.max_replicas,
-        target_waiting_requests=r.number("targetWaitingRequests", above=0) or d.target_waiting_requests,
-        metric=r.string("metric", pattern=crd.METRIC_NAME_PATTERN) or d.metric,
+        metric=metric,
+        target=float(target),
         scale_up_stabilization_seconds=_or(r.integer("scaleUpStabilizationSeconds", minimum=0),
                                            d.scale_up_stabilization_seconds),
         scale_down_stabilization_seconds=_or(r.integer("scaleDownStabilizationSeconds", minimum=0),
@@ -241,8 +336,60 @@ def _autoscaling(r: _Reader | None) -> AutoscalingSpec:
     return spec
 
 
-def _or(v: int | None, default: int) -> int:
+def _or(v: Any, default: Any) -> Any:
     return default if v is None else v
+
+
+def _secret_ref(r: _Reader | None, default_key: str) -> SecretKeyRef | None:
+    if r is None:
+        return None
+    return SecretKeyRef(name=r.string("name", required=True) or "", key=r.string("key") or default_key)
+
+
+def _oom(r: _Reader | None) -> OOMSpec:
+    d = OOMSpec()
+    if r is None:
+        return d
+    spec = OOMSpec(enabled=_or(r.boolean("enabled"), d.enabled),
+                   max_ooms=_or(r.integer("maxOOMs", minimum=1), d.max_ooms),
+                   window_seconds=_or(r.integer("windowSeconds", minimum=1), d.window_seconds),
+                   step=_or(r.number("step", above=0, maximum=0.5), d.step),
+                   floor=_or(r.number("floor", above=0, maximum=1), d.floor))
+    return spec
+
+
+# Pod parts the operator owns: user volumes, mounts and labels may not collide with them.
+RESERVED_VOLUMES = ("dshm", "model-cache", "tmp")
+
+
+def _check_volumes(r: _Reader, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]],
+                   reserved_paths: tuple[str, ...]) -> None:
+    names_ = [v["name"] for v in volumes]
+    for i, n in enumerate(names_):
+        if n in RESERVED_VOLUMES:
+            raise SpecError(f"{r.at('volumes')}[{i}].name", f"{n!r} is the operator's volume")
+        if names_.count(n) > 1:
+            raise SpecError(f"{r.at('volumes')}[{i}].name", f"{n!r} appears twice")
+    for i, m in enumerate(mounts):
+        if m["name"] not in names_:
+            raise SpecError(f"{r.at('volumeMounts')}[{i}].name", f"no volume named {m['name']!r} in spec.volumes")
+        if m["mountPath"].rstrip("/") in reserved_paths:
+            raise SpecError(f"{r.at('volumeMounts')}[{i}].mountPath",
+                            f"{m['mountPath']} is where the operator mounts its own volume")
+
+
+# Spec fields that do not shape the pod template (a change of them rolls no pod).
+NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation")
+
+
+def spec_hash(spec_raw: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
+    """Hash of what the pod template is rendered from: the spec without the fields
+    that do not shape it (replicas, autoscaling, disruption, OOM policy), plus
+    operator-side inputs such as
+    the OOM-lowered gpuMemoryUtilization. Equal hash: the template stays as it is."""
+    data = {k: v for k, v in spec_raw.items() if k not in NOT_IN_TEMPLATE}
+    blob = json.dumps({"spec": data, "extra": dict(extra or {})}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> ModelDeploymentSpec:
@@ -258,36 +405,34 @@ def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -
 
     model = r.string("model", required=True)
     assert model is not None
-    engine = r.sub("engine")
-    engine_values, extra_args = _engine(engine) if engine else ({}, ())
     res = r.sub("resources")
     resources = ResourcesSpec()
     if res is not None:
-        resources = ResourcesSpec(gpus=_or(res.integer("gpus", minimum=0), 1), cpu=res.quantity("cpu"),
-                                  memory=res.quantity("memory"),
-                                  shm_size=res.quantity("shmSize") or DEFAULT_SHM_SIZE)
-    key_ref = r.sub("apiKeySecretRef")
-    api_key = None
-    if key_ref is not None:
-        api_key = SecretKeyRef(name=key_ref.string("name", required=True) or "",
-                               key=key_ref.string("key") or "api-key")
+        gpus = _or(res.integer("gpus", minimum=0, maximum=crd.MAX_GPUS), 1)
+        resources = ResourcesSpec(gpus=gpus, cpu=res.quantity("cpu"), memory=res.quantity("memory"),
+                                  shm_size=res.quantity("shmSize") or (
+                                      DEFAULT_TP_SHM_SIZE if gpus > 1 else DEFAULT_SHM_SIZE),
+                                  ephemeral_storage=res.quantity("ephemeralStorage") or DEFAULT_CACHE_SIZE)
+    engine = r.sub("engine")
+    engine_values, extra_args = _engine(engine, resources.gpus) if engine else ({}, ())
+    # The concurrency target defaults to what one replica batches at once.
+    max_num_seqs = int(serverargs.parse(extra_args).get(
+        "max_num_seqs", engine_values.get("maxNumSeqs", serverargs.default("max_num_seqs"))))
     cache = r.sub("modelCache")
     model_cache = None
     if cache is not None:
         model_cache = ModelCacheSpec(claim_name=cache.string("claimName", required=True) or "",
                                      mount_path=cache.string("mountPath", pattern="^/") or "/models/hf-cache",
                                      read_only=bool(cache.boolean("readOnly")))
-    node_selector = r.data.get("nodeSelector") or {}
-    if not isinstance(node_selector, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items()):
-        raise SpecError(r.at("nodeSelector"), "must map strings to strings")
-    affinity = r.data.get("affinity")
-    if affinity is not None and not isinstance(affinity, Mapping):
-        raise SpecError(r.at("affinity"), "must be an object")
-    env = r.list_of_objects("env")
-    for i, e in enumerate(env):
-        if not isinstance(e.get("name"), str) or not e["name"]:
-            raise SpecError(f"{r.at('env')}[{i}].name", "is required")
+    node_selector = r.string_map("nodeSelector")
+    affinity = r.core("affinity", "Affinity")
+    env = r.core("env", "EnvVar", many=True) or []
+    volumes = r.core("volumes", "Volume", many=True) or []
+    mounts = r.core("volumeMounts", "VolumeMount", many=True) or []
+    cache_path = model_cache.mount_path if model_cache else CACHE_PATH
+    _check_volumes(r, volumes, mounts, ("/dev/shm", "/tmp", cache_path.rstrip("/")))
+    pod_meta = r.sub("podMetadata")
+    disruption = r.sub("disruption")
 
     return ModelDeploymentSpec(
         name=str(meta.get("name") or ""),
@@ -297,16 +442,34 @@ def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -
         model=model,
         served_model_name=r.string("servedModelName") or model,
         image=r.string("image") or default_image,
+        image_from_spec=r.has("image"),
         engine=engine_values,
         extra_args=extra_args,
         replicas=_or(r.integer("replicas", minimum=0), 1),
-        autoscaling=_autoscaling(r.sub("autoscaling")),
+        autoscaling=_autoscaling(r.sub("autoscaling"), max_num_seqs),
         resources=resources,
-        api_key=api_key,
+        api_key=_secret_ref(r.sub("apiKeySecretRef"), "api-key"),
+        hf_token=_secret_ref(r.sub("hfTokenSecretRef"), "token"),
         model_cache=model_cache,
-        node_selector=dict(node_selector),
-        tolerations=r.list_of_objects("tolerations"),
-        affinity=dict(affinity) if affinity else None,
+        node_selector=node_selector,
+        tolerations=r.core("tolerations", "Toleration", many=True) or [],
+        affinity=affinity or None,
+        topology_spread=r.core("topologySpreadConstraints", "TopologySpreadConstraint", many=True),
         priority_class_name=r.string("priorityClassName"),
+        runtime_class_name=r.string("runtimeClassName"),
+        image_pull_secrets=r.core("imagePullSecrets", "LocalObjectReference", many=True) or [],
+        service_account_name=r.string("serviceAccountName", pattern=crd.DNS_SUBDOMAIN_PATTERN),
+        automount_service_account_token=bool(r.boolean("automountServiceAccountToken")),
+        pod_labels=pod_meta.string_map("labels") if pod_meta else {},
+        pod_annotations=pod_meta.string_map("annotations") if pod_meta else {},
+        volumes=volumes,
+        volume_mounts=mounts,
+        pod_security_context=r.core("podSecurityContext", "PodSecurityContext") or {},
+        security_context=r.core("securityContext", "SecurityContext") or {},
         env=env,
+        disruption=DisruptionSpec(
+            max_unavailable=_or(disruption.integer("maxUnavailable", minimum=1), 1),
+            evict_last_replica=bool(disruption.boolean("evictLastReplica"))) if disruption else DisruptionSpec(),
+        oom=_oom(r.sub("oomRemediation")),
+        spec_hash=spec_hash(spec_raw),
     )

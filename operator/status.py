@@ -6,23 +6,60 @@ wait --for=condition=Available mdep/x` works:
 
 - Available: at least one replica is ready, i.e. the endpoint serves.
 - Progressing: a rollout or scale is under way (True) or done (False).
-- Degraded: the spec is invalid, the operator cannot apply it, or the rollout
+- Degraded: the spec is invalid, the API server refused a child, or the rollout
   exceeded its deadline.
+- Ready / Reconciling / Stalled: the "abnormal-true" trio that Flux's kstatus (and
+  `kubectl wait --for=condition=Ready`) reads. Ready means the current generation is
+  applied and fully rolled out; Reconciling that it is being applied or rolled out;
+  Stalled that it cannot make progress without a change (invalid spec, a child the
+  API server refuses, progress deadline exceeded).
+- MetricsAvailable: the ready pods answer /metrics (the autoscaler's input).
+- OOMRemediation: True while the operator runs the pods with a lowered
+  gpuMemoryUtilization after repeated OOMs.
+- CacheShared: only with a modelCache: False when its PVC can be mounted on one node
+  only (every replica must then run there; rollouts replace pods one at a time).
+
+`status.observedGeneration` is the last generation whose children were all applied;
+each condition carries the generation it describes.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+UNSET = object()  # build_status: a field to drop (its value is unknown now)
 
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
+def to_iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_iso(text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def condition(type_: str, ok: bool | None, reason: str, message: str) -> dict[str, Any]:
+    state = "Unknown" if ok is None else ("True" if ok else "False")
+    return {"type": type_, "status": state, "reason": reason, "message": message}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the current generation is not (fully) applied."""
+
+    reason: str        # InvalidSpec, ApplyFailed
+    message: str
+    stalled: bool      # needs a change to recover (vs. retried: conflicts, throttling, 5xx)
 
 
 def merge_conditions(old: Sequence[Mapping[str, Any]] | None, new: Sequence[Mapping[str, Any]],
@@ -66,41 +103,77 @@ def deployment_conditions(deployment: Mapping[str, Any] | None, desired: int) ->
     return [available, progressing, degraded]
 
 
-def error_conditions(reason: str, message: str, deployment: Mapping[str, Any] | None,
-                     desired: int) -> list[dict[str, Any]]:
-    """Degraded=True with the error; Available/Progressing still tell the truth about
-    whatever is running from the last good spec."""
-    conds = deployment_conditions(deployment, desired) if deployment is not None else [
-        condition("Available", False, reason, message),
-        condition("Progressing", False, reason, message)]
-    return [c for c in conds if c["type"] != "Degraded"] + [condition("Degraded", True, reason, message)]
+def conditions(*, deployment: Mapping[str, Any] | None, desired: int, failure: Failure | None,
+               current: bool) -> list[dict[str, Any]]:
+    """The seven core conditions. `current`: the CR's generation has been applied."""
+    base = {c["type"]: c for c in deployment_conditions(deployment, desired)}
+    if failure is not None:
+        base["Degraded"] = condition("Degraded", True, failure.reason, failure.message)
+        if deployment is None:
+            base["Available"] = condition("Available", False, failure.reason, failure.message)
+            base["Progressing"] = condition("Progressing", False, failure.reason, failure.message)
+    deadline = base["Degraded"]["reason"] == "ProgressDeadlineExceeded"
+    stalled_why = (failure.reason, failure.message) if failure and failure.stalled else (
+        ("ProgressDeadlineExceeded", base["Degraded"]["message"]) if deadline else None)
+    rolling = base["Progressing"]["status"] == "True"
+    if stalled_why:
+        stalled = condition("Stalled", True, *stalled_why)
+    else:
+        stalled = condition("Stalled", False, "AsExpected", "")
+    if failure is not None and not failure.stalled:
+        reconciling = condition("Reconciling", True, "Retrying", failure.message)
+    elif not current and failure is None:
+        reconciling = condition("Reconciling", True, "Applying", "applying the new generation")
+    elif rolling and not stalled_why:
+        reconciling = condition("Reconciling", True, base["Progressing"]["reason"], base["Progressing"]["message"])
+    else:
+        reconciling = condition("Reconciling", False, "AsExpected", "")
+    if stalled_why:
+        ready = condition("Ready", False, stalled_why[0], stalled_why[1])
+    elif reconciling["status"] == "True":
+        ready = condition("Ready", False, reconciling["reason"], reconciling["message"])
+    elif base["Available"]["status"] != "True" and desired > 0:
+        ready = condition("Ready", False, base["Available"]["reason"], base["Available"]["message"])
+    else:
+        ready = condition("Ready", True, "Ready", base["Available"]["message"])
+    return [base["Available"], base["Progressing"], base["Degraded"], ready, reconciling, stalled]
 
 
-def build_status(*, old: Mapping[str, Any] | None, generation: int | None,
-                 deployment: Mapping[str, Any] | None, desired: int | None,
-                 waiting: float | None, selector: str | None, endpoint: str | None,
-                 last_scale_time: str | None, conditions: Sequence[Mapping[str, Any]],
-                 now: str) -> dict[str, Any]:
-    """The whole status. Fields whose value is unknown keep their old value."""
-    old = old or {}
-    st = (deployment or {}).get("status") or {}
-    out: dict[str, Any] = {}
-    if generation is not None:
-        out["observedGeneration"] = generation
-    out["replicas"] = int(st.get("replicas") or 0)
-    out["readyReplicas"] = int(st.get("readyReplicas") or 0)
-    for key, value in (("desiredReplicas", desired), ("selector", selector), ("endpoint", endpoint),
-                       ("lastScaleTime", last_scale_time)):
-        if value is not None:
-            out[key] = value
-        elif key in old:
-            out[key] = old[key]
-    if waiting is not None:
-        out["waitingRequests"] = int(waiting) if float(waiting).is_integer() else round(waiting, 3)
-    elif "waitingRequests" in old:
-        out["waitingRequests"] = old["waitingRequests"]
-    out["conditions"] = merge_conditions(old.get("conditions"), conditions, now, generation)
+def build_status(*, old: Mapping[str, Any] | None, conditions: Sequence[Mapping[str, Any]],
+                 generation: int | None, now: str, deployment: Mapping[str, Any] | None = None,
+                 drop: Sequence[str] = (), **fields: Any) -> dict[str, Any]:
+    """The whole status. `fields` set status keys (UNSET drops one); keys not given
+    keep their old value. replicas/readyReplicas come from the Deployment when known.
+    Conditions of other types than `conditions` are kept (their writer owns them),
+    except the types in `drop` (no longer meaningful)."""
+    out: dict[str, Any] = {k: v for k, v in (old or {}).items() if k != "conditions"}
+    if deployment is not None:
+        st = deployment.get("status") or {}
+        out["replicas"] = int(st.get("replicas") or 0)
+        out["readyReplicas"] = int(st.get("readyReplicas") or 0)
+    for key, value in fields.items():
+        if value is UNSET:
+            out.pop(key, None)
+        elif value is not None:
+            out[key] = _number(value) if key in ("waitingRequests", "runningRequests", "metricValue") else value
+    new_types = {c["type"] for c in conditions}
+    kept = [c for c in (old or {}).get("conditions") or [] if c.get("type") not in new_types
+            and c.get("type") not in drop]
+    merged = merge_conditions((old or {}).get("conditions"), conditions, now, generation)
+    out["conditions"] = _ordered(merged + kept)
     return out
+
+
+_ORDER = ("Available", "Progressing", "Degraded", "Ready", "Reconciling", "Stalled",
+          "MetricsAvailable", "OOMRemediation", "CacheShared")
+
+
+def _ordered(conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(conds, key=lambda c: _ORDER.index(c["type"]) if c["type"] in _ORDER else len(_ORDER))
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else round(float(value), 3)
 
 
 def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
@@ -111,3 +184,38 @@ def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
                            for c in s.get("conditions") or []]
         return s
     return strip(a) == strip(b)
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch from old to new status: keys dropped at any depth become
+    null (a merge patch merges objects, so a key left out would stay)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        prev = (old or {}).get(key)
+        patch[key] = status_patch(prev, value) if isinstance(value, Mapping) and isinstance(prev, Mapping) else value
+    for key in old or {}:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+def get_condition(st: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in (st or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def metrics_condition(samples: Sequence[Any], metric: str, port: int) -> dict[str, Any]:
+    """MetricsAvailable from one scrape round (autoscale.PodSample-like items)."""
+    ready = [s for s in samples if s.ready]
+    reported = [s for s in ready if s.value is not None]
+    if not ready:
+        return condition("MetricsAvailable", None, "NoReadyPods", "no ready pod to scrape")
+    if not reported:
+        errors = sorted({s.error for s in ready if s.error})
+        return condition("MetricsAvailable", False, "ScrapeFailed",
+                         f"none of {len(ready)} ready pods reported {metric} on port {port} "
+                         f"(is the operator allowed to reach them? see the chart's networkPolicy); "
+                         f"holding the size; last error: {errors[0] if errors else 'unknown'}")
+    missing = len(ready) - len(reported)
+    note = f"; {missing} did not" if missing else ""
+    return condition("MetricsAvailable", True, "MetricsReported",
+                     f"{len(reported)}/{len(ready)} ready pods reported {metric}{note}")

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pagefleet.server.config import (
+    FLAG_ALIASES,
     IGNORED_FLAGS,
     ConfigError,
     EngineConfig,
@@ -33,10 +34,15 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
                                   "help": f.metadata["help"] + f" (default: {f.default})"}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif getattr(kind, "__origin__", None) is list:
+            kwargs["type"] = str
+            kwargs["nargs"] = "+"
         else:
             kwargs["type"] = kind
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
+        if "metavar" in f.metadata:
+            kwargs["metavar"] = f.metadata["metavar"]
         group.add_argument(flag_name(f), *f.metadata.get("aliases", ()), **kwargs)
 
 
@@ -59,6 +65,10 @@ def strip_ignored_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     out, notices, i = [], [], 0
     while i < len(argv):
         name = argv[i].split("=", 1)[0]
+        if name in FLAG_ALIASES:
+            alias = FLAG_ALIASES[name]
+            argv = argv[:i] + [alias + argv[i][len(name):]] + argv[i + 1:]
+            name = alias
         if name in IGNORED_FLAGS:
             takes = IGNORED_FLAGS[name] if "=" not in argv[i] else 0
             notices.append(f"{name} is accepted for vLLM compatibility and has no effect here")
@@ -94,6 +104,8 @@ def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str
     unknown = set(values) - engine_names - server_names
     if unknown:
         raise ConfigError(f"unknown setting(s) in --config: {', '.join(sorted(unknown))}")
+    if isinstance(values.get("served_model_name"), str):   # YAML may give one name
+        values["served_model_name"] = [values["served_model_name"]]
     engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
     server = ServerConfig(**{k: v for k, v in values.items() if k in server_names})
     engine.validate()

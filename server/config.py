@@ -21,6 +21,8 @@ DEMO_MODEL = "pagefleet-demo"
 CUDA_OOM_EXIT_CODE = 86
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
 MAX_TENSOR_PARALLEL_SIZE = 8   # the GPUs one node holds (the CRD bounds resources.gpus alike)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
@@ -100,6 +102,7 @@ class EngineConfig:
         None, "How the tensor-parallel workers run: 'mp' (one process per GPU, the only "
         "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
         "Default: uni for one GPU, mp for more.")
+    max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
     quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
                                    "a bf16/fp16 one quantized at load), awq, gptq "
                                    "(awq_marlin, gptq_marlin: the same). Default: the "
@@ -139,6 +142,7 @@ class EngineConfig:
              "distributed-executor-backend",
              f"'uni' runs one process, but --tensor-parallel-size is "
              f"{self.tensor_parallel_size}; use 'mp'")
+        need(self.max_logprobs >= 0, "max-logprobs", "must be >= 0")
         need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
              "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
         if self.dtype == "half":
@@ -195,12 +199,30 @@ class ServerConfig:
 
     host: str = opt("0.0.0.0", "Address to listen on.")
     port: int = opt(8000, "Port to listen on.")
-    served_model_name: str | None = opt(None, "Model name in the API (default: the model path).")
+    served_model_name: list[str] | None = opt(
+        None, "Model name(s) in the API; the first is the one responses report, the others "
+        "are accepted aliases (default: the model path).", metavar="NAME")
+    response_role: str = opt("assistant", "Role of the generated chat message.")
+    enable_auto_tool_choice: bool = opt(False, "Let the model call tools on its own "
+                                        "(tool_choice 'auto'); needs --tool-call-parser.")
+    tool_call_parser: str | None = opt(None, "How tool calls are written in the model's "
+                                       "output.", choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = opt(None, "Split <think>...</think> reasoning into "
+                                       "reasoning_content.", choices=REASONING_PARSERS)
+    enable_prompt_tokens_details: bool = opt(False, "Report usage.prompt_tokens_details "
+                                             "(cached_tokens).")
+    generation_config: str = opt("auto", "Sampling defaults: 'auto' (the model's "
+                                 "generation_config.json), 'vllm' (none: vLLM's own "
+                                 "defaults), or a folder holding a generation_config.json.")
+    override_generation_config: str | None = opt(None, "JSON object of sampling defaults "
+                                                 "that override the generation config's.")
     api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' on /v1/* "
                               "(also read from PAGEFLEET_API_KEY).")
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
                                     "overrides the tokenizer's.")
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
+    max_request_body_bytes: int = opt(32 << 20, "Largest request body accepted; larger "
+                                      "ones get 413 before they are parsed.")
     queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
                                       "scheduled; past it the request gets 503.")
     shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")
@@ -212,6 +234,12 @@ class ServerConfig:
 
 
 # Flags that older vLLM releases took and that mean nothing here: accepted with a notice.
+# Older spellings vLLM users still type, mapped to ours.
+FLAG_ALIASES: dict[str, str] = {
+    "--disable-prefix-caching": "--no-enable-prefix-caching",
+    "-tp": "--tensor-parallel-size",
+}
+
 IGNORED_FLAGS: dict[str, int] = {
     "--disable-log-requests": 0,
     "--trust-remote-code": 0,

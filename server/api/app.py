@@ -17,7 +17,11 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from starlette.requests import ClientDisconnect
+
+from pagefleet.server.api import protocol as P
 from pagefleet.server.api.auth import APIKeyMiddleware
+from pagefleet.server.api.body_limit import BodyLimitMiddleware
 from pagefleet.server.api.errors import APIError, error_response, install_error_handlers, to_api_error
 from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
 from pagefleet.server.api.request_id import RequestIdMiddleware
@@ -26,6 +30,7 @@ from pagefleet.server.api.stats_log import log_stats_forever
 from pagefleet.server.config import ServerConfig
 from pagefleet.server.engine.async_engine import AsyncEngine
 from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.models.config import resolve_generation_defaults
 
 log = logging.getLogger("pagefleet.api")
 
@@ -50,17 +55,29 @@ def build_app(served, server_cfg: ServerConfig, *,
               served_model_name: str | None = None, model_root: str | None = None,
               api_key: str | None = None, chat_template: str | None = None) -> FastAPI:
     engine_cfg = served.config
-    name = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
+    names = served_model_name or server_cfg.served_model_name or engine_cfg.model or \
         str(served.model_dir)
+    names = [names] if isinstance(names, str) else list(names)
+    name = names[0]
+    defaults = resolve_generation_defaults(server_cfg.generation_config, served.model_dir,
+                                           server_cfg.override_generation_config)
     async_engine = AsyncEngine(served.core, served.ready, served.tokenizer,
                                max_num_queued_requests=server_cfg.max_num_queued_requests,
-                               queue_timeout=server_cfg.queue_timeout)
+                               queue_timeout=server_cfg.queue_timeout,
+                               max_logprobs=engine_cfg.max_logprobs)
     metrics = ServerMetrics(name, async_engine, block_size=engine_cfg.block_size,
                             num_blocks=served.ready.num_blocks,
                             enable_prefix_caching=engine_cfg.enable_prefix_caching,
                             cache_dtype=engine_cfg.kv_cache_dtype,
-                            gpu_memory_utilization=engine_cfg.gpu_memory_utilization)
+                            gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
+                            max_model_len=served.max_model_len)
     serving = OpenAIServing(async_engine, served, served_model_name=name,
+                            served_model_aliases=tuple(names[1:]),
+                            tool_call_parser=server_cfg.tool_call_parser,
+                            enable_auto_tool_choice=server_cfg.enable_auto_tool_choice,
+                            reasoning_parser=server_cfg.reasoning_parser,
+                            enable_prompt_tokens_details=server_cfg.enable_prompt_tokens_details,
+                            response_role=server_cfg.response_role, defaults=defaults,
                             model_root=model_root or str(served.model_dir),
                             chat_template=chat_template,
                             scheduling_policy=engine_cfg.scheduling_policy,
@@ -81,21 +98,32 @@ def build_app(served, server_cfg: ServerConfig, *,
             stats_task.cancel()
             await async_engine.stop()
 
+    # /openapi.json, /docs and /redoc are served (as vLLM does), outside the API key
+    # like /health. Handlers read their bodies themselves (one parse, our error shapes),
+    # so each route declares its request model for the schema.
     app = FastAPI(title="pagefleet", version=pagefleet_version(), lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url="/docs", redoc_url="/redoc", openapi_url="/openapi.json")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = serving
     install_error_handlers(app)
+    # Innermost first: the body cap runs after the key check (no body is read for a
+    # 401), the request id outermost (401s and 413s carry it too).
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server_cfg.max_request_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware)     # outermost: 401s carry the id too
+    app.add_middleware(RequestIdMiddleware)
 
     def rid_of(request: Request) -> str:
         return request.state.request_id
 
     async def run(request: Request, handler) -> Response:
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            log.debug("request %s: client disconnected before its body was read",
+                      rid_of(request))
+            return Response(status_code=499)
         try:
             return await cancel_on_disconnect(request, handler(body, rid_of(request)))
         except APIError as e:
@@ -108,11 +136,11 @@ def build_app(served, server_cfg: ServerConfig, *,
             _log_rejection(rid_of(request), err)
             return error_response(err)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_schema(P.CompletionRequest))
     async def completions(request: Request) -> Response:
         return await run(request, serving.completions)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(P.ChatCompletionRequest))
     async def chat(request: Request) -> Response:
         return await run(request, serving.chat)
 
@@ -120,18 +148,30 @@ def build_app(served, server_cfg: ServerConfig, *,
     async def models() -> Response:
         return serving.models()
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> Response:
-        return serving.tokenize(await request.body())
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        try:
+            return serving.model(model_id)
+        except APIError as e:
+            return error_response(e)
 
-    @app.post("/detokenize")
+    @app.post("/tokenize", openapi_extra=body_schema(P.TokenizeRequest))
+    async def tokenize(request: Request) -> Response:
+        return await run(request, serving.tokenize)
+
+    @app.post("/detokenize", openapi_extra=body_schema(P.DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
-        return serving.detokenize(await request.body())
+        return await run(request, serving.detokenize)
 
     @app.get("/health")
     async def health() -> Response:
         # Alive engine loop -> 200, also while draining: a liveness probe failing during
         # the drain would get the pod killed before its in-flight requests finish.
+        return Response(status_code=200 if async_engine.is_alive else 503)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """SageMaker's health check, served by vLLM too: /health's answer."""
         return Response(status_code=200 if async_engine.is_alive else 503)
 
     @app.get("/version")
@@ -142,7 +182,33 @@ def build_app(served, server_cfg: ServerConfig, *,
     async def metrics_() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    install_openapi(app)
     return app
+
+
+_SCHEMA_DEFS: dict[str, dict] = {}
+
+
+def body_schema(model: type) -> dict:
+    """An OpenAPI request body for a route that parses its own body with `model`; its
+    nested models go to components/schemas (see `install_openapi`)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    _SCHEMA_DEFS.update(schema.pop("$defs", {}))
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": schema}}}}
+
+
+def install_openapi(app: FastAPI) -> None:
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMA_DEFS)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _log_rejection(rid: str, err: APIError) -> None:

@@ -51,6 +51,8 @@ def render_chat(tokenizer, messages: list, *, template: str | None,
     if add_generation_prompt and continue_final_message:
         raise bad_request("add_generation_prompt and continue_final_message cannot both be "
                           "true", "continue_final_message")
+    if not messages:
+        raise bad_request("messages: must not be empty", "messages")
     if continue_final_message and messages[-1].role != "assistant":
         raise bad_request("continue_final_message needs the last message to be from the "
                           "assistant", "continue_final_message")

@@ -25,7 +25,21 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def buckets_1_2_5(limit: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
+    out, mag = [], 1
+    while True:
+        for m in (1, 2, 5):
+            v = m * mag
+            if v > limit:
+                return tuple(out)
+            out.append(v)
+        mag *= 10
 LABELS = ("model_name", "engine")
 
 
@@ -70,7 +84,8 @@ class _EngineStatsCollector:
 class ServerMetrics:
     def __init__(self, model_name: str, engine, *, block_size: int, num_blocks: int,
                  enable_prefix_caching: bool, cache_dtype: str,
-                 gpu_memory_utilization: float, engine_index: str = "0") -> None:
+                 gpu_memory_utilization: float, engine_index: str = "0",
+                 max_model_len: int = 1 << 20) -> None:
         self.registry = r = CollectorRegistry()
         self.labels = [model_name, engine_index]
         r.register(_EngineStatsCollector(engine, self.labels))
@@ -86,6 +101,23 @@ class ServerMetrics:
                         "latency in seconds.", REQUEST_LATENCY_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds", "Histogram of time spent "
                                "in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        tokens = buckets_1_2_5(max_model_len)
+        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Histogram of number of "
+                                     "tokens per engine_step.", ITERATION_TOKENS_BUCKETS)
+        self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill "
+                                          "tokens processed.", tokens)
+        self.request_generation_tokens = hist("vllm:request_generation_tokens", "Number of "
+                                              "generation tokens processed.", tokens)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request "
+                             "parameter.", PARAMS_N_BUCKETS)
+        self.params_max_tokens = hist("vllm:request_params_max_tokens", "Histogram of the "
+                                      "max_tokens request parameter.", tokens)
+        self.inference_time = hist("vllm:request_inference_time_seconds", "Histogram of time "
+                                   "spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds", "Histogram of time "
+                                 "spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode_time = hist("vllm:request_decode_time_seconds", "Histogram of time spent "
+                                "in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens "
                                      "processed.", LABELS, registry=r).labels(*self.labels)
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation "
@@ -93,6 +125,12 @@ class ServerMetrics:
                                          registry=r).labels(*self.labels)
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           (*LABELS, "finished_reason"), registry=r)
+        # vLLM has no queue timeout; it would count such a request as aborted, and so
+        # does vllm:request_success_total. This counter tells them apart from hang-ups.
+        self.queue_timeouts = Counter(
+            "pagefleet:request_queue_timeouts", "Requests that waited past --queue-timeout "
+            "without being scheduled (answered 503; also counted as finished_reason=abort).",
+            LABELS, registry=r).labels(*self.labels)
         self.success = {reason: success.labels(*self.labels, reason)
                         for reason in FINISHED_REASONS}
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
@@ -129,5 +167,26 @@ class MetricsListener(StepListener):
         self.m.generation_tokens.inc(new)
 
     def on_finished(self, stream: RequestStream, reason: str) -> None:
-        self.m.success.get(reason, self.m.success["abort"]).inc()
-        self.m.e2e.observe(max(time.time() - stream.arrival_time, 0.0))
+        if reason == "timeout":
+            self.m.queue_timeouts.inc()
+        m = self.m
+        m.success.get(reason, m.success["abort"]).inc()
+        m.e2e.observe(max(time.time() - stream.arrival_time, 0.0))
+        if reason in ("stop", "length"):   # as vLLM: the request's own sizes and phases
+            m.request_prompt_tokens.observe(stream.prompt_len)
+            m.request_generation_tokens.observe(stream.num_tokens)
+            sched, first, last = (stream.scheduled_time, stream.first_token_time,
+                                  stream.last_token_time)
+            if sched is not None and first is not None and last is not None:
+                m.prefill_time.observe(max(first - sched, 0.0))
+                m.decode_time.observe(max(last - first, 0.0))
+                m.inference_time.observe(max(last - sched, 0.0))
+
+    def on_stats(self, stats) -> None:
+        if stats.step_tokens:
+            self.m.iteration_tokens.observe(stats.step_tokens)
+
+    def on_request(self, n: int, max_tokens: int | None) -> None:
+        self.m.params_n.observe(n)
+        if max_tokens is not None:
+            self.m.params_max_tokens.observe(max_tokens)

@@ -14,9 +14,9 @@ they are built once per streamed token, and their shape is checked by the offici
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pagefleet.server.engine.sampling_params import SamplingParams
 
@@ -25,8 +25,26 @@ VLLM_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p"
                           "repetition_penalty": 1.0}
 
 
+# Bounds checked at the edge, one table (issue: no request can take a replica down).
+# Static ones live in the field types below; the engine-dependent ones (vocab size,
+# context length, --max-logprobs, the queue) are checked in serving.py from the limits
+# the engine reports. Every violation is a 400 naming the field.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_STOP_STRINGS = 128            # stop strings per request
+MAX_STOP_STRING_CHARS = 4096      # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_MESSAGES = 65536
+MAX_N = 128                       # choices per request (n, best_of)
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_STRING_CHARS)]
+
+
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and infinity are never valid sampling values.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Base):
@@ -36,61 +54,94 @@ class StreamOptions(_Base):
 
 class _SamplingFields(_Base):
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: Int64 | None = None
+    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Count = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
-    request_id: str | None = None
+    priority: Int64 = 0
+    request_id: str | None = Field(None, max_length=256)
     user: str | None = None            # accepted and ignored, as vLLM does
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    prompt_logprobs: Count | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    # Structured outputs: checked at the edge by structured_outputs.py, which also
+    # takes vLLM's older guided_* names (never silently ignored).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+
+    def structured_fields(self) -> dict:
+        return {k: getattr(self, k) for k in STRUCTURED_FIELDS}
+
+
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar", "guided_decoding_backend",
+                     "guided_whitespace_pattern")
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Count | None = 16
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Count | None = None
     suffix: str | None = None
-    best_of: int | None = None
 
 
 class ChatMessage(_Base):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_where_required(self) -> "ChatMessage":
+        # OpenAI: only an assistant message may leave its content out (it may carry
+        # tool_calls instead).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a message with role {self.role!r}")
+        return self
+
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = True
 
 
 class TokenizeRequest(_Base):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, max_length=MAX_MESSAGES)
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -99,7 +150,7 @@ class TokenizeRequest(_Base):
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | None,
@@ -112,7 +163,7 @@ def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | N
         return defaults.get(name, VLLM_SAMPLING_DEFAULTS[name])
 
     return SamplingParams(
-        n=req.n, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
+        n=1, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
         min_p=pick("min_p"), repetition_penalty=pick("repetition_penalty"),
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,

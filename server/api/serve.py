@@ -22,12 +22,30 @@ from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, Serve
 log = logging.getLogger("pagefleet.serve")
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32) if c != 9}
+_CONTROL.update({10: "\\n", 13: "\\r", 127: "\\x7f"})
+
+
+class OneLineFormatter(logging.Formatter):
+    """Escapes control characters in the message: a user-controlled string (a model
+    name, a header, a stop string with --enable-log-requests) can never start a line
+    that looks like one of ours. Tracebacks, which the server writes itself, keep their
+    lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        safe = msg.translate(_CONTROL)
+        if safe is not msg and safe != msg:
+            record = logging.makeLogRecord({**record.__dict__, "msg": safe, "args": None})
+        return super().format(record)
+
+
 def setup_logging() -> None:
     root = logging.getLogger("pagefleet")
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
-                                               "%m-%d %H:%M:%S"))
+        handler.setFormatter(OneLineFormatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                              "%m-%d %H:%M:%S"))
         root.addHandler(handler)
         root.setLevel(os.environ.get("PAGEFLEET_LOG_LEVEL", "INFO").upper())
         root.propagate = False
@@ -92,12 +110,12 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
             from pagefleet.server.testing import demo_model_path
 
             model_dir = demo_model_path()
-            served = server_cfg.served_model_name or DEMO_MODEL
+            served = server_cfg.served_model_name or [DEMO_MODEL]
             log.warning("no MODEL given: serving the built-in demo model %r (tiny, random "
                         "weights) from %s", served, model_dir)
         else:
             model_dir = resolve_model(engine_cfg.model, engine_cfg.revision)
-            served = server_cfg.served_model_name or engine_cfg.model
+            served = server_cfg.served_model_name or [engine_cfg.model]
         if engine_cfg.tokenizer:
             engine_cfg.tokenizer = str(resolve_model(engine_cfg.tokenizer, engine_cfg.revision,
                                                      what="tokenizer"))

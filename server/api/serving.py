@@ -10,11 +10,15 @@ after the first token has to travel as an SSE `error` event.
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import itertools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,12 +28,20 @@ from starlette.responses import Response, StreamingResponse
 from pagefleet.server.api import protocol as P
 from pagefleet.server.api.chat import LogprobFormatter, render_chat
 from pagefleet.server.api.errors import APIError, bad_request, error_body, to_api_error
+from pagefleet.server.api.reasoning import REASONING_FIELDS, get_reasoning_parser, think_token_ids
+from pagefleet.server.api.structured_outputs import grammar_spec_from_request
+from pagefleet.server.api.tool_parsers import (ToolChoiceError, get_tool_parser, parser_for_plan,
+                                               plan_tool_choice)
 from pagefleet.server.engine.async_engine import AsyncEngine, RequestStream
+from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.engine.structured_output import GrammarSpec
 from pagefleet.server.engine.validation import PromptTooLongError
 from pagefleet.server.engine.validation import check_context as _check_context
 
 log = logging.getLogger("pagefleet.api")
 _seq = itertools.count()
+# Bodies from this size on are parsed, templated and tokenized in the preparation thread.
+OFFLOAD_BYTES = 64 << 10
 
 
 def parse(model: type, body: bytes):
@@ -88,33 +100,62 @@ async def cancel_on_disconnect(request: Request, coro) -> Response:
     return Response(status_code=499)
 
 
+@dataclass
+class Prepared:
+    """One HTTP request, parsed and checked: its prompts and the choices per prompt."""
+
+    req: Any
+    prompts: list[list[int]]
+    texts: list[Any]
+    params: SamplingParams
+    n: int                          # choices returned per prompt
+    best_of: int                    # choices generated per prompt (>= n)
+    prompt_text: str | None = None  # chat: the rendered prompt
+    plan: Any = None                # chat: the tool-choice plan
+    think: Any = None               # chat: reasoning tag ids
+
+
 class OpenAIServing:
     def __init__(self, async_engine: AsyncEngine, served, *, served_model_name: str,
                  model_root: str, chat_template: str | None, scheduling_policy: str,
-                 enable_log_requests: bool = False, max_log_len: int = 200) -> None:
+                 enable_log_requests: bool = False, max_log_len: int = 200,
+                 served_model_aliases: tuple[str, ...] = (),
+                 tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
+                 reasoning_parser: str | None = None,
+                 enable_prompt_tokens_details: bool = False,
+                 response_role: str = "assistant", defaults: dict | None = None) -> None:
         self.engine = async_engine
         self.tokenizer = served.tokenizer
         self.max_model_len = served.max_model_len
-        self.defaults = dict(served.generation_defaults)
+        self.defaults = dict(served.generation_defaults if defaults is None else defaults)
         self.vocab_size = served.ready.vocab_size
         self.served_model_name = served_model_name
+        self.model_names = (served_model_name, *served_model_aliases)
         self.model_root = model_root
         self.chat_template = chat_template
         self.scheduling_policy = scheduling_policy
         self.log_requests = enable_log_requests
         self.max_log_len = max_log_len
+        self.tool_call_parser = tool_call_parser
+        self.auto_tools = enable_auto_tool_choice and tool_call_parser is not None
+        self.reasoning = get_reasoning_parser(reasoning_parser) if reasoning_parser else None
+        self.think = think_token_ids(self.reasoning, self.tokenizer) if self.reasoning else None
+        self.prompt_tokens_details = enable_prompt_tokens_details
+        self.response_role = response_role
         self.logprob_fmt = LogprobFormatter(self.tokenizer)
         self.created = int(time.time())
+        self.offload_bytes = OFFLOAD_BYTES
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagefleet-prepare")
+        self._worker_tokenizer = None
 
     # -- shared checks ---------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
-        if name and name != self.served_model_name:
+        if name and name not in self.model_names:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
-    def _common_checks(self, req: P._SamplingFields) -> None:
+    def _common_checks(self, req: P._SamplingFields) -> tuple[int, int]:
+        """Checks every generation request shares; returns (n, best_of)."""
         self.check_model(req.model)
-        if req.n != 1:
-            raise bad_request("n: only n=1 is supported", "n")
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", "logit_bias")
         if req.stream_options is not None and not req.stream:
@@ -125,6 +166,22 @@ class OpenAIServing:
                               "priority")
         if req.stop_token_ids and any(t >= self.vocab_size for t in req.stop_token_ids):
             raise bad_request(f"stop_token_ids: ids must be < {self.vocab_size}", "stop_token_ids")
+        n = req.n
+        best_of = req.best_of if req.best_of is not None else n
+        if best_of < n:
+            raise bad_request(f"best_of ({best_of}) must be at least n ({n})", "best_of")
+        if best_of > n and req.stream:
+            raise bad_request("best_of > n cannot be streamed (the best choices are known "
+                              "only at the end)", "best_of")
+        top = self.engine.limits.max_logprobs
+        if req.prompt_logprobs is not None and req.prompt_logprobs > top:
+            raise bad_request(f"prompt_logprobs: must be in [0, {top}] (--max-logprobs)",
+                              "prompt_logprobs")
+        return n, best_of
+
+    def _grammar(self, req) -> tuple | None:
+        spec = grammar_spec_from_request(req.structured_fields())
+        return None if spec is None else (spec.kind, spec.text, spec.syntax, spec.any_whitespace)
 
     def _trunc(self, text: Any) -> str:
         s = text if isinstance(text, str) else str(text)
@@ -151,27 +208,60 @@ class OpenAIServing:
             log.info("request %s: finished (%s), output_tokens=%d, %.3fs", rid, reasons, ntok,
                      time.time() - t0)
 
-    def _submit(self, rid: str, prompts: list[list[int]], params, priority: int,
-                texts: list[Any] | None = None) -> list[RequestStream]:
-        """Admit all prompts of one HTTP request, or none of them."""
-        self.engine.check_admission(len(prompts))
+    def _submit(self, rid: str, prep: Prepared, priority: int) -> list[RequestStream]:
+        """Admit all choices of one HTTP request, or none of them. Choice j of a prompt
+        gets seed + j (choice 0 the request's seed, so n=1 and the first of n=3 agree);
+        choices after the first share the prompt's KV blocks: they wait for the first
+        one's prompt to be cached instead of computing it again."""
+        per = prep.best_of
+        self.engine.check_admission(len(prep.prompts) * per)
         notify = asyncio.Event()
         streams: list[RequestStream] = []
         arrival = time.time()
+        params = prep.params
         try:
-            for i, ids in enumerate(prompts):
-                text = texts[i] if texts and isinstance(texts[i], str) else None
-                streams.append(self.engine.add(f"{rid}.{next(_seq)}", ids, params,
-                                               priority=priority, notify=notify,
-                                               arrival_time=arrival, prompt=text))
+            for i, ids in enumerate(prep.prompts):
+                text = prep.texts[i] if prep.texts and isinstance(prep.texts[i], str) else None
+                leader = None
+                for j in range(per):
+                    p = params if j == 0 or params.seed is None else \
+                        dataclasses.replace(params, seed=params.seed + j)
+                    sid = f"{rid}.{next(_seq)}"
+                    streams.append(self.engine.add(sid, ids, p, priority=priority,
+                                                   notify=notify, arrival_time=arrival,
+                                                   prompt=text, prefix_leader=leader))
+                    if per > 1 and leader is None:
+                        leader = sid
         except BaseException:
             for s in streams:
                 self.engine.abort(s.request_id)
             raise
+        self.engine.listener.on_request(prep.n, params.max_tokens)
         return streams
 
+    def _usage(self, prep: Prepared, accs: list["Accum"]) -> dict:
+        use = P.usage(sum(len(p) for p in prep.prompts), sum(a.num_tokens for a in accs))
+        if self.prompt_tokens_details:
+            use["prompt_tokens_details"] = {"cached_tokens": sum(
+                a.num_cached_tokens for k, a in enumerate(accs) if k % prep.best_of == 0)}
+        return use
+
+    @staticmethod
+    def _pick_best(prep: Prepared, accs: list["Accum"]) -> list[tuple[int, "Accum"]]:
+        """(choice index, output): all of them, or for best_of the n most likely of
+        each prompt's candidates (cumulative logprob of the sampled tokens)."""
+        if prep.best_of == prep.n:
+            return list(enumerate(accs))
+        out = []
+        for i in range(len(prep.prompts)):
+            group = accs[i * prep.best_of:(i + 1) * prep.best_of]
+            best = sorted(group, key=lambda a: a.cumulative_logprob or 0.0, reverse=True)
+            out += [(i * prep.n + j, a) for j, a in enumerate(best[:prep.n])]
+        return out
+
     # -- /v1/completions -------------------------------------------------------------
-    def _completion_prompts(self, prompt: Any) -> tuple[list[list[int]], list[Any]]:
+    def _completion_prompts(self, prompt: Any, tok, truncate: int | None
+                            ) -> tuple[list[list[int]], list[Any]]:
         if isinstance(prompt, str):
             prompt = [prompt]
         if not prompt:
@@ -181,89 +271,233 @@ class OpenAIServing:
         ids_list, texts = [], []
         for p in prompt:
             if isinstance(p, str):
-                ids = self.tokenizer.encode(p)
+                ids = tok.encode(p)
             else:
                 ids = list(p)
                 if any(t < 0 or t >= self.vocab_size for t in ids):
                     raise bad_request(f"prompt: token ids must be in [0, {self.vocab_size})",
                                       "prompt")
+            ids = self._truncate(ids, truncate)
             if not ids:
                 raise bad_request("prompt: must not be empty", "prompt")
             ids_list.append(ids)
             texts.append(p)
         return ids_list, texts
 
-    async def completions(self, body: bytes, rid: str) -> Response:
+    def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: the context)."""
+        if keep is None:
+            return ids
+        keep = self.max_model_len if keep == -1 else keep
+        return ids[-keep:] if keep else []
+
+    def _prepare_completion(self, body: bytes, tok) -> Prepared:
         req = parse(P.CompletionRequest, body)
-        self._common_checks(req)
-        for name, bad in (("echo", req.echo), ("logprobs", req.logprobs is not None),
-                          ("suffix", req.suffix is not None),
-                          ("best_of", req.best_of not in (None, 1))):
-            if bad:
-                raise bad_request(f"{name} is not supported by /v1/completions here", name)
-        prompts, texts = self._completion_prompts(req.prompt)
+        n, best_of = self._common_checks(req)
+        if req.suffix is not None:
+            raise bad_request("suffix is not supported (no fill-in-the-middle model)", "suffix")
+        top = self.engine.limits.max_logprobs
+        if req.logprobs is not None and req.logprobs > top:
+            raise bad_request(f"logprobs: must be in [0, {top}] (--max-logprobs)", "logprobs")
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise bad_request(f"max_tokens: must be >= 1, got {req.max_tokens}", "max_tokens")
+        prompts, texts = self._completion_prompts(req.prompt, tok, req.truncate_prompt_tokens)
         for ids in prompts:
             check_context(len(ids), req.max_tokens, self.max_model_len)
-        params = P.sampling_params(req, self.defaults, max_tokens=req.max_tokens, logprobs=None)
-        self._log_received(rid, "completion", prompts, texts, params, req.stream)
+        logprobs = req.logprobs
+        if logprobs is None and best_of > n:
+            logprobs = 0          # best_of ranks by the sampled tokens' logprobs
+        prompt_lp = req.prompt_logprobs
+        if req.echo and req.logprobs is not None:
+            prompt_lp = max(prompt_lp or 0, req.logprobs)
+        params = P.sampling_params(req, self.defaults, max_tokens=req.max_tokens,
+                                   logprobs=logprobs)
+        params = dataclasses.replace(params, prompt_logprobs=prompt_lp, grammar=self._grammar(req))
+        return Prepared(req, prompts, texts, params, n, best_of)
+
+    async def completions(self, body: bytes, rid: str) -> Response:
+        prep = await self.prepared(self._prepare_completion, body)
+        req = prep.req
+        self._log_received(rid, "completion", prep.prompts, prep.texts, prep.params, req.stream)
         t0 = time.time()
-        streams = self._submit(rid, prompts, params, req.priority, texts)
+        streams = self._submit(rid, prep, req.priority)
         gen = self.engine.outputs_many(streams)
         resp_id, created, model = f"cmpl-{rid}", int(time.time()), self.served_model_name
-        n_prompt = sum(len(p) for p in prompts)
+        keep = req.logprobs is not None or prep.best_of > prep.n or req.return_token_ids
         if not req.stream:
-            acc = [Accum() for _ in streams]
+            accs = [Accum(keep_logprobs=keep) for _ in streams]
             async for i, out in gen:
-                acc[i].add(out)
-            self._log_finished(rid, acc, t0)
-            choices = [P.completion_choice(i, a.text, a.finish_reason, a.stop_reason)
-                       for i, a in enumerate(acc)]
+                accs[i].add(out)
+            self._log_finished(rid, accs, t0)
+            choices = [self._completion_choice(prep, k, a) for k, a in self._pick_best(prep, accs)]
             return json_response(P.completion_body(resp_id, model, created, choices,
-                                                   P.usage(n_prompt, sum(a.num_tokens for a in acc))))
+                                                   self._usage(prep, accs)))
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
 
         async def events() -> AsyncIterator[str]:
-            acc = [Accum() for _ in streams]
+            accs = [Accum(keep_logprobs=False) for _ in streams]
+            sent_prompt = [False] * len(streams)
             try:
                 async for i, out in prepend(first, gen):
                     c = out.outputs[0]
-                    acc[i].add(out)
-                    if not c.text and not out.finished:
+                    accs[i].add(out)
+                    if not c.text and not out.finished and not c.token_ids:
                         continue
-                    use = P.usage(n_prompt, sum(a.num_tokens for a in acc)) \
-                        if opts.continuous_usage_stats else None
-                    yield sse(P.completion_chunk(resp_id, model, created, [P.completion_choice(
-                        i, c.text, c.finish_reason if out.finished else None,
-                        c.stop_reason if out.finished else None)], use))
+                    text, lp = c.text, None
+                    p_idx = i // prep.best_of
+                    if req.echo and not sent_prompt[i]:
+                        sent_prompt[i] = True
+                        text = self._prompt_text(prep, p_idx) + text
+                    if req.logprobs is not None:
+                        lp = self._legacy_logprobs(c.token_ids, c.logprobs or [], req)
+                    if not text and not out.finished and lp is None:
+                        continue
+                    use = self._usage(prep, accs) if opts.continuous_usage_stats else None
+                    choice = P.completion_choice(i, text, c.finish_reason if out.finished
+                                                 else None, c.stop_reason if out.finished
+                                                 else None)
+                    choice["logprobs"] = lp
+                    if req.return_token_ids:
+                        choice["token_ids"] = c.token_ids
+                    yield sse(P.completion_chunk(resp_id, model, created, [choice], use))
                 if opts.include_usage:
                     yield sse(P.completion_chunk(resp_id, model, created, [],
-                                                 P.usage(n_prompt, sum(a.num_tokens for a in acc))))
-                self._log_finished(rid, acc, t0)
+                                                 self._usage(prep, accs)))
+                self._log_finished(rid, accs, t0)
             except Exception as exc:  # noqa: BLE001 - report in-band once streaming
                 yield sse_error(rid, exc)
             yield SSE_DONE
 
         return streaming_response(events())
 
-    # -- /v1/chat/completions --------------------------------------------------------
-    def chat_prompt_ids(self, req) -> list[int]:
-        text = render_chat(self.tokenizer, req.messages, template=self.chat_template,
-                           add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message,
-                           kwargs=getattr(req, "chat_template_kwargs", None))
-        add_special = req.add_special_tokens if req.add_special_tokens is not None else False
-        return self.tokenizer.encode(text, add_special_tokens=add_special)
+    def _prompt_text(self, prep: Prepared, p_idx: int) -> str:
+        text = prep.texts[p_idx]
+        if isinstance(text, str):
+            return text
+        return self.tokenizer.decode(prep.prompts[p_idx])
 
-    async def chat(self, body: bytes, rid: str) -> Response:
+    def _completion_choice(self, prep: Prepared, index: int, a: "Accum") -> dict:
+        req = prep.req
+        p_idx = index // prep.n
+        text = a.text
+        ids = prep.prompts[p_idx]
+        if req.echo:
+            text = self._prompt_text(prep, p_idx) + text
+        choice = P.completion_choice(index, text, a.finish_reason, a.stop_reason)
+        if req.logprobs is not None:
+            lp = self._legacy_logprobs(a.token_ids, a.logprobs, req)
+            if req.echo:
+                lp = self._merge_logprobs(self._legacy_prompt_logprobs(
+                    ids, a.prompt_logprobs, req), lp)
+            choice["logprobs"] = lp
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(ids, a.prompt_logprobs)
+        if req.return_token_ids:
+            choice["prompt_token_ids"] = ids
+            choice["token_ids"] = a.token_ids
+        return choice
+
+    # OpenAI's legacy completion logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+    def _tok_str(self, tid: int, req) -> str:
+        return f"token_id:{tid}" if req.return_tokens_as_token_ids else self.logprob_fmt.token(tid)
+
+    def _legacy_logprobs(self, token_ids: list[int], logprobs: list[dict], req) -> dict:
+        tokens, chosen, tops, offsets = [], [], [], []
+        pos = 0
+        for tid, d in zip(token_ids, logprobs):
+            s = self._tok_str(tid, req)
+            tokens.append(s)
+            chosen.append(max(d.get(tid, float("-inf")), -9999.0))
+            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:req.logprobs]
+            tops.append({self._tok_str(t, req): max(v, -9999.0) for t, v in ranked})
+            offsets.append(pos)
+            pos += len(s)
+        return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def _legacy_prompt_logprobs(self, ids: list[int], plp: list | None, req) -> dict:
+        plp = plp or [None] * len(ids)
+        tokens, chosen, tops = [], [], []
+        for k, tid in enumerate(ids):
+            tokens.append(self._tok_str(tid, req))
+            d = plp[k] if k < len(plp) else None
+            if d is None:
+                chosen.append(None)
+                tops.append(None)
+                continue
+            chosen.append(max(d.get(tid, float("-inf")), -9999.0))
+            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:max(req.logprobs, 1)]
+            tops.append({self._tok_str(t, req): max(v, -9999.0) for t, v in ranked})
+        return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops,
+                "text_offset": []}
+
+    @staticmethod
+    def _merge_logprobs(prompt: dict, gen: dict) -> dict:
+        tokens = prompt["tokens"] + gen["tokens"]
+        offsets, pos = [], 0
+        for s in tokens:
+            offsets.append(pos)
+            pos += len(s)
+        return {"tokens": tokens, "token_logprobs": prompt["token_logprobs"] + gen["token_logprobs"],
+                "top_logprobs": prompt["top_logprobs"] + gen["top_logprobs"],
+                "text_offset": offsets}
+
+    def _vllm_prompt_logprobs(self, ids: list[int], plp: list | None) -> list:
+        """vLLM's `prompt_logprobs`: per prompt token (None for the first), the token and
+        its top-N as {id: {logprob, rank, decoded_token}}."""
+        out = []
+        for k, d in enumerate(plp or []):
+            if d is None:
+                out.append(None)
+                continue
+            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)
+            ranks = {t: r + 1 for r, (t, _) in enumerate(ranked)}
+            out.append({str(t): {"logprob": max(v, -9999.0), "rank": ranks[t],
+                                 "decoded_token": self.logprob_fmt.token(t)}
+                        for t, v in d.items()})
+        return out
+
+    # -- /v1/chat/completions --------------------------------------------------------
+    def chat_prompt_text(self, req, tok, tools: list | None = None) -> str:
+        kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
+        if tools:
+            kwargs.setdefault("tools", tools)
+        return render_chat(tok, req.messages, template=self.chat_template,
+                           add_generation_prompt=req.add_generation_prompt,
+                           continue_final_message=req.continue_final_message, kwargs=kwargs)
+
+    def chat_prompt_ids(self, req, tok, tools: list | None = None) -> list[int]:
+        text = self.chat_prompt_text(req, tok, tools)
+        add_special = req.add_special_tokens if req.add_special_tokens is not None else False
+        return tok.encode(text, add_special_tokens=add_special)
+
+    def _prepare_chat(self, body: bytes, tok) -> Prepared:
         req = parse(P.ChatCompletionRequest, body)
-        self._common_checks(req)
+        n, best_of = self._common_checks(req)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-            if not 0 <= req.top_logprobs <= 20:
-                raise bad_request("top_logprobs: must be in [0, 20]", "top_logprobs")
-        ids = self.chat_prompt_ids(req)
+            top_max = self.engine.limits.max_logprobs
+            if req.top_logprobs > top_max:
+                raise bad_request(f"top_logprobs: must be in [0, {top_max}] (--max-logprobs)",
+                                  "top_logprobs")
+        try:
+            plan = plan_tool_choice(req.tools, req.tool_choice, auto_enabled=self.auto_tools,
+                                    parallel_tool_calls=req.parallel_tool_calls)
+        except ToolChoiceError as e:
+            raise bad_request(str(e), e.param) from None
+        grammar = self._grammar(req)
+        if plan.schema is not None:
+            if grammar is not None:
+                raise bad_request("a structured-output constraint cannot be combined with a "
+                                  f"{plan.mode!r} tool_choice", "tool_choice")
+            spec = GrammarSpec.json_schema(plan.schema)
+            grammar = (spec.kind, spec.text, spec.syntax, spec.any_whitespace)
+        text = self.chat_prompt_text(req, tok, req.tools)
+        add_special = req.add_special_tokens if req.add_special_tokens is not None else False
+        ids = self._truncate(tok.encode(text, add_special_tokens=add_special),
+                             req.truncate_prompt_tokens)
         if not ids:
             raise bad_request("messages: the rendered prompt is empty", "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
@@ -274,95 +508,234 @@ class OpenAIServing:
                 raise bad_request(f"{name}: must be >= 1, got {v}", name)
         check_context(len(ids), max_tokens, self.max_model_len)
         top = (req.top_logprobs or 0) if req.logprobs else None
+        if top is None and best_of > n:
+            top = 0
         params = P.sampling_params(req, self.defaults, max_tokens=max_tokens, logprobs=top)
-        self._log_received(rid, "chat", [ids], [m.content for m in req.messages], params,
+        reasoning_end = None
+        if grammar is not None and self.think is not None and \
+                not self._reasoning_closed_in(ids):
+            reasoning_end = self.think.end      # the grammar holds the answer, not the thinking
+        params = dataclasses.replace(
+            params, prompt_logprobs=req.prompt_logprobs, grammar=grammar,
+            reasoning_end_token_id=reasoning_end,
+            skip_special_tokens=params.skip_special_tokens and not self._tags_are_special(plan))
+        return Prepared(req, [ids], [text], params, n, best_of, prompt_text=text, plan=plan)
+
+    def _reasoning_closed_in(self, prompt_ids: list[int]) -> bool:
+        """The prompt already ends its think block (e.g. Qwen3 with thinking off)."""
+        for tid in reversed(prompt_ids):
+            if tid == self.think.end:
+                return True
+            if tid == self.think.start:
+                return False
+        return False
+
+    def _tags_are_special(self, plan) -> bool:
+        """Decode with special tokens kept when the tool format's tags are special
+        tokens of this tokenizer (they would vanish from the text otherwise)."""
+        if plan.mode == "none" or not self.tool_call_parser:
+            return False
+        tags = get_tool_parser(self.tool_call_parser).tags
+        special = set(getattr(self.tokenizer, "all_special_tokens", ()))
+        return any(t in special for t in tags)
+
+    def _message_parsers(self, prep: Prepared):
+        """Per choice: a reasoning splitter and a tool parser (each may be None)."""
+        rparser = self.reasoning(prompt=prep.prompt_text) if self.reasoning else None
+        tparser = parser_for_plan(prep.plan, self.tool_call_parser)
+        return rparser, tparser
+
+    def _chat_message(self, prep: Prepared, a: "Accum") -> tuple[dict, str | None]:
+        """The whole message of one choice: reasoning, content, tool calls."""
+        text = a.text
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.split(text, prompt=prep.prompt_text)
+        calls = []
+        parser = parser_for_plan(prep.plan, self.tool_call_parser)
+        if parser is not None:
+            content, calls = parser.extract(text or "")
+        else:
+            content = text
+        msg: dict = {"role": self.response_role, "content": content}
+        if self.reasoning is not None:
+            for name in REASONING_FIELDS:
+                msg[name] = reasoning
+        if calls:
+            msg["tool_calls"] = [c.to_openai() for c in calls]
+        finish = a.finish_reason
+        if calls and finish in ("stop", None):
+            finish = "tool_calls"
+        return msg, finish
+
+    async def chat(self, body: bytes, rid: str) -> Response:
+        prep = await self.prepared(self._prepare_chat, body)
+        req = prep.req
+        ids = prep.prompts[0]
+        self._log_received(rid, "chat", [ids], [m.content for m in req.messages], prep.params,
                            req.stream)
         t0 = time.time()
-        (stream,) = self._submit(rid, [ids], params, req.priority)
-        gen = self.engine.outputs_many([stream])
+        streams = self._submit(rid, prep, req.priority)
+        gen = self.engine.outputs_many(streams)
         resp_id, created, model = f"chatcmpl-{rid}", int(time.time()), self.served_model_name
         fmt = self.logprob_fmt
-
-        def logprobs_of(c) -> dict | None:
-            if not req.logprobs or c.logprobs is None:
-                return None
-            return {"content": fmt.content(c.token_ids, c.logprobs, top)}
+        top = prep.params.logprobs if req.logprobs else None
 
         if not req.stream:
-            acc = Accum(keep_logprobs=bool(req.logprobs))
-            async for _, out in gen:
-                acc.add(out)
-            self._log_finished(rid, [acc], t0)
-            lp = {"content": fmt.content(acc.token_ids, acc.logprobs, top)} \
-                if req.logprobs else None
-            return json_response(P.chat_body(
-                resp_id, model, created,
-                [P.chat_choice(0, acc.text, acc.finish_reason, acc.stop_reason, lp)],
-                P.usage(len(ids), acc.num_tokens)))
+            accs = [Accum(keep_logprobs=bool(req.logprobs) or prep.best_of > prep.n
+                          or req.return_token_ids) for _ in streams]
+            async for i, out in gen:
+                accs[i].add(out)
+            self._log_finished(rid, accs, t0)
+            choices = []
+            for k, a in self._pick_best(prep, accs):
+                msg, finish = self._chat_message(prep, a)
+                lp = {"content": fmt.content(a.token_ids, a.logprobs, top or 0)} \
+                    if req.logprobs else None
+                choice = {"index": k, "message": msg, "logprobs": lp, "finish_reason": finish,
+                          "stop_reason": a.stop_reason}
+                if req.return_token_ids:
+                    choice["token_ids"] = a.token_ids
+                if req.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = self._vllm_prompt_logprobs(ids, a.prompt_logprobs)
+                choices.append(choice)
+            body = P.chat_body(resp_id, model, created, choices, self._usage(prep, accs))
+            if req.return_token_ids:
+                body["prompt_token_ids"] = ids
+            return json_response(body)
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
+        parsers = [self._message_parsers(prep) for _ in streams]
+
+        def deltas(i: int, text: str, final: bool) -> tuple[dict, bool]:
+            """The delta of choice i for new text (and the parsers' flush at the end)."""
+            rparser, tparser = parsers[i]
+            out: dict = {}
+            content = text
+            if rparser is not None:
+                pieces = [rparser.feed(text)] + ([rparser.finish()] if final else [])
+                content = ""
+                for d in pieces:
+                    if d is None:
+                        continue
+                    if d.reasoning_content:
+                        for name in REASONING_FIELDS:
+                            out[name] = out.get(name, "") + d.reasoning_content
+                    if d.content:
+                        content += d.content
+            called = False
+            if tparser is not None:
+                pieces = [tparser.feed(content)] + ([tparser.finish()] if final else [])
+                content = ""
+                for d in pieces:
+                    if d is None:
+                        continue
+                    if d.content:
+                        content += d.content
+                    if d.tool_calls:
+                        out.setdefault("tool_calls", []).extend(
+                            c.to_openai() for c in d.tool_calls)
+                called = bool(tparser.result().tool_calls) if final else False
+            if content:
+                out["content"] = content
+            return out, called
 
         async def events() -> AsyncIterator[str]:
-            acc = Accum()
+            accs = [Accum() for _ in streams]
             try:
-                yield sse(P.chat_chunk(resp_id, model, created, [P.chat_delta_choice(
-                    0, {"role": "assistant", "content": ""})],
-                    P.usage(len(ids), 0) if opts.continuous_usage_stats else None))
-                async for _, out in prepend(first, gen):
-                    c = out.outputs[0]
-                    acc.add(out)
-                    lp = logprobs_of(c)
-                    if not c.text and not out.finished and not (lp and lp["content"]):
-                        continue
-                    use = P.usage(len(ids), acc.num_tokens) if opts.continuous_usage_stats else None
+                for i in range(len(streams)):
                     yield sse(P.chat_chunk(resp_id, model, created, [P.chat_delta_choice(
-                        0, {"content": c.text} if c.text or not out.finished else {},
-                        c.finish_reason if out.finished else None,
-                        c.stop_reason if out.finished else None, lp)], use))
+                        i, {"role": self.response_role, "content": ""})],
+                        P.usage(len(ids), 0) if opts.continuous_usage_stats else None))
+                async for i, out in prepend(first, gen):
+                    c = out.outputs[0]
+                    accs[i].add(out)
+                    delta, called = deltas(i, c.text, out.finished)
+                    lp = {"content": fmt.content(c.token_ids, c.logprobs, top)} \
+                        if req.logprobs and c.logprobs is not None else None
+                    if not delta and not out.finished and not (lp and lp["content"]):
+                        continue
+                    finish = c.finish_reason if out.finished else None
+                    if called and finish == "stop":
+                        finish = "tool_calls"
+                    use = self._usage(prep, accs) if opts.continuous_usage_stats else None
+                    choice = P.chat_delta_choice(i, delta, finish,
+                                                 c.stop_reason if out.finished else None, lp)
+                    if req.return_token_ids:
+                        choice["token_ids"] = c.token_ids
+                    yield sse(P.chat_chunk(resp_id, model, created, [choice], use))
                 if opts.include_usage:
                     yield sse(P.chat_chunk(resp_id, model, created, [],
-                                           P.usage(len(ids), acc.num_tokens)))
-                self._log_finished(rid, [acc], t0)
+                                           self._usage(prep, accs)))
+                self._log_finished(rid, accs, t0)
             except Exception as exc:  # noqa: BLE001 - report in-band once streaming
                 yield sse_error(rid, exc)
             yield SSE_DONE
 
         return streaming_response(events())
 
+    # -- preparation: parse, check, tokenize (off the event loop when large) -----------
+    async def prepared(self, fn, body: bytes):
+        """`fn(body, tokenizer)` inline for small bodies; in the preparation thread (with
+        its own tokenizer: HF tokenizers are not safe to share across threads) for large
+        ones, so tokenizing or templating megabytes never stalls other streams."""
+        if len(body) < self.offload_bytes:
+            return fn(body, self.tokenizer)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._in_worker, fn, body)
+
+    def _in_worker(self, fn, body: bytes):
+        if self._worker_tokenizer is None:
+            self._worker_tokenizer = copy.deepcopy(self.tokenizer)
+        return fn(body, self._worker_tokenizer)
+
     # -- tokenizer endpoints -----------------------------------------------------------
-    def tokenize(self, body: bytes) -> Response:
+    def _tokenize(self, body: bytes, tok) -> dict:
         req = parse(P.TokenizeRequest, body)
         self.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
         if req.prompt is not None:
             add = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
+            ids = tok.encode(req.prompt, add_special_tokens=add)
         else:
-            ids = self.chat_prompt_ids(req)
-        body_out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
-                    "token_strs": self.tokenizer.convert_ids_to_tokens(ids)
-                    if req.return_token_strs else None}
-        return json_response(body_out)
+            ids = self.chat_prompt_ids(req, tok)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                "token_strs": tok.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 
-    def detokenize(self, body: bytes) -> Response:
+    async def tokenize(self, body: bytes, rid: str) -> Response:
+        return json_response(await self.prepared(self._tokenize, body))
+
+    def _detokenize(self, body: bytes, tok) -> dict:
         req = parse(P.DetokenizeRequest, body)
         self.check_model(req.model)
-        if any(t < 0 or t >= self.vocab_size for t in req.tokens):
+        if any(t >= self.vocab_size for t in req.tokens):
             raise bad_request(f"tokens: ids must be in [0, {self.vocab_size})", "tokens")
-        return json_response({"prompt": self.tokenizer.decode(req.tokens)})
+        return {"prompt": tok.decode(req.tokens)}
+
+    async def detokenize(self, body: bytes, rid: str) -> Response:
+        return json_response(await self.prepared(self._detokenize, body))
+
+    def model_cards(self) -> list[dict]:
+        return [P.model_card(name, self.model_root, self.max_model_len, self.created)
+                for name in self.model_names]
 
     def models(self) -> Response:
-        card = P.model_card(self.served_model_name, self.model_root, self.max_model_len,
-                            self.created)
-        return json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": self.model_cards()})
+
+    def model(self, model_id: str) -> Response:
+        for card in self.model_cards():
+            if card["id"] == model_id:
+                return json_response(card)
+        raise APIError(404, f"The model `{model_id}` does not exist.", "model")
 
 
 class Accum:
     """One choice's output, gathered from its deltas (parts joined once, at the end)."""
 
     __slots__ = ("_parts", "token_ids", "logprobs", "num_tokens", "finish_reason",
-                 "stop_reason", "_keep")
+                 "stop_reason", "_keep", "cumulative_logprob", "prompt_logprobs",
+                 "num_cached_tokens")
 
     def __init__(self, keep_logprobs: bool = False) -> None:
         self._parts: list[str] = []
@@ -372,6 +745,9 @@ class Accum:
         self.finish_reason = None
         self.stop_reason = None
         self._keep = keep_logprobs
+        self.cumulative_logprob: float | None = None
+        self.prompt_logprobs: list | None = None
+        self.num_cached_tokens = 0
 
     def add(self, out) -> None:
         c = out.outputs[0]
@@ -381,8 +757,13 @@ class Accum:
         if self._keep:
             self.token_ids.extend(c.token_ids)
             self.logprobs.extend(c.logprobs or ())
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        if c.cumulative_logprob is not None:
+            self.cumulative_logprob = c.cumulative_logprob
         if out.finished:
             self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
+            self.num_cached_tokens = out.num_cached_tokens
 
     @property
     def text(self) -> str:

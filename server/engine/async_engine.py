@@ -87,6 +87,7 @@ class RequestStream:
     arrival_time: float                      # wall clock when the API received it
     notify: asyncio.Event
     prompt_len: int = 0
+    max_tokens: int = 0
     error: BaseException | None = None
     finished: bool = False
     scheduled: bool = False
@@ -95,6 +96,7 @@ class RequestStream:
     _ids: list[int] = field(default_factory=list)
     _logprobs: list | None = None
     _last: RequestOutput | None = None
+    _prompt_logprobs: list | None = None
     _dirty: bool = False
     # Bookkeeping for metrics (event-loop side only).
     num_tokens: int = 0
@@ -113,6 +115,8 @@ class RequestStream:
             if self._logprobs is None:
                 self._logprobs = []
             self._logprobs.extend(c.logprobs)
+        if out.prompt_logprobs is not None:
+            self._prompt_logprobs = out.prompt_logprobs
         self._last = out
         self._dirty = True
 
@@ -128,8 +132,9 @@ class RequestStream:
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                   logprobs=self._logprobs, cumulative_logprob=c.cumulative_logprob)
         self._text, self._ids, self._logprobs, self._dirty = [], [], None, False
+        prompt_lps, self._prompt_logprobs = self._prompt_logprobs, None
         return RequestOutput(last.request_id, last.prompt, last.prompt_token_ids, [merged],
-                             last.finished, last.num_cached_tokens)
+                             last.finished, last.num_cached_tokens, prompt_logprobs=prompt_lps)
 
 
 class StepListener:
@@ -147,17 +152,20 @@ class StepListener:
     def on_stats(self, stats: CoreStats) -> None:
         pass
 
+    def on_request(self, n: int, max_tokens: int | None) -> None:
+        """One HTTP request admitted (all of its choices)."""
+
 
 class AsyncEngine:
     """Serves the core process to asyncio code."""
 
     def __init__(self, core, ready: CoreReady, tokenizer, *, max_num_queued_requests: int = 1024,
                  queue_timeout: float | None = None, listener: StepListener | None = None,
-                 dead_exit_delay: float = 3.0) -> None:
+                 dead_exit_delay: float = 3.0, max_logprobs: int = 20) -> None:
         self.core = core
         self.info = ready
         self.limits = EngineLimits(ready.max_model_len, ready.vocab_size, ready.num_blocks,
-                                   ready.block_size)
+                                   ready.block_size, max_logprobs)
         self.processor = OutputProcessor(tokenizer)
         self.max_num_queued_requests = max_num_queued_requests
         self.queue_timeout = queue_timeout
@@ -259,7 +267,7 @@ class AsyncEngine:
         cr = self.limits.core_request(request_id, prompt_ids, params, priority=priority,
                                       arrival_time=arrival, prefix_leader=prefix_leader)
         stream = RequestStream(request_id, arrival, notify or asyncio.Event(),
-                               prompt_len=len(prompt_ids))
+                               prompt_len=len(prompt_ids), max_tokens=cr.params.max_tokens)
         self.processor.add(request_id, prompt, cr.prompt_token_ids, params)
         self._streams[request_id] = stream
         self.num_waiting += 1

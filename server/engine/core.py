@@ -38,6 +38,7 @@ from pagefleet.server.engine.runner import StagedStep, resolve_device
 from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
 from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
 from pagefleet.server.engine.staging import StagingOverflow
+from pagefleet.server.engine.structured_requests import GrammarViolation, StructuredRequests
 from pagefleet.server.engine.tp_executor import make_runner
 from pagefleet.server.engine.validation import RequestRejected
 from pagefleet.server.models.config import ModelConfig
@@ -73,6 +74,7 @@ class _Launched:
     logits: torch.Tensor | None
     sampler_step: SamplerStep
     pending: PendingSample | None = None
+    prompt_logprobs: object | None = None     # runner.PromptLogprobRows
 
 
 class EngineCore:
@@ -111,6 +113,9 @@ class EngineCore:
                                    max_model_len=self.max_model_len,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self.structured = StructuredRequests(config.tokenizer or self.model_dir,
+                                             self.model_cfg.vocab_size, self.eos_token_ids,
+                                             config.max_num_seqs, self.device)
         self._inflight: _Launched | None = None
         self.num_steps = 0
         self.num_overlapped_steps = 0
@@ -131,7 +136,7 @@ class EngineCore:
     def add_request(self, cr: CoreRequest) -> None:
         """Queue a request validated at the edge; raises RequestRejected if it can
         never run here (the caller answers its client, nothing else changes)."""
-        if cr.request_id in self.scheduler.requests:
+        if cr.request_id in self.scheduler.requests or cr.request_id in self.structured.waiting:
             raise RequestRejected(f"request id {cr.request_id!r} is already in use", "request_id")
         faults.check("add", cr.request_id)
         ids = cr.prompt_token_ids
@@ -148,13 +153,22 @@ class EngineCore:
                       eos_token_ids=self.eos_token_ids, prefix_leader=cr.prefix_leader)
         if p.seed is not None and not p.greedy:
             req.generator = torch.Generator(device=self.device).manual_seed(p.seed & (2**64 - 1))
-        self.scheduler.add(req)
+        if p.grammar is not None:
+            self.structured.submit(req)    # queued for scheduling once it has compiled
+        else:
+            self.scheduler.add(req)
 
     def abort(self, cmd: CoreAbort) -> CoreOutputs:
         out = CoreOutputs()
         for rid in cmd.request_ids:
             req = self.scheduler.requests.get(rid)
             if req is None:
+                if self.structured.abort(rid) is not None:   # still compiling its grammar
+                    if cmd.only_if_waiting:
+                        out.failed.append(CoreFailure(rid, "queue_timeout",
+                                                      "waited in the queue too long"))
+                    else:
+                        out.outputs.append(CoreOutput(rid, [], finish_reason="abort"))
                 continue
             if cmd.only_if_waiting:
                 if req.ever_scheduled:
@@ -167,13 +181,14 @@ class EngineCore:
         return out
 
     def has_unfinished_requests(self) -> bool:
-        if self.scheduler.has_unfinished():
+        if self.scheduler.has_unfinished() or self.structured.waiting:
             return True
         step = self._inflight   # a launched step matters only while it serves someone
         return step is not None and any(not r.is_finished for r in step.sampling)
 
     def _finish(self, req: Request, reason: str, stop_reason: int | None = None) -> None:
         self.scheduler.finish(req, reason, stop_reason)
+        self.structured.released(req)
         self._release_slot(req)
 
     def _release_slot(self, req: Request) -> None:
@@ -195,6 +210,8 @@ class EngineCore:
         """One engine step; returns what changed since the last one."""
         out = CoreOutputs()
         self._last_step_tokens = 0
+        if self.structured.waiting:
+            self._admit_compiled(out)
         sched = self._schedule(out)
         launched = self._launch(sched, out) if not sched.is_empty else None
         prev, self._inflight = self._inflight, None
@@ -213,6 +230,13 @@ class EngineCore:
         out.timestamp = time.time()
         return out
 
+    def _admit_compiled(self, out: CoreOutputs) -> None:
+        ready, failed = self.structured.take_ready()
+        for req in ready:
+            self.scheduler.add(req)
+        for req, message in failed:
+            out.failed.append(CoreFailure(req.request_id, "invalid", message))
+
     def _schedule(self, out: CoreOutputs) -> SchedulerOutput:
         sched = self.scheduler.schedule()
         for r in sched.preempted:
@@ -225,6 +249,7 @@ class EngineCore:
         """Stage the step's inputs and queue its forward. Rows whose per-request host
         work fails are taken out of the step and failed alone."""
         if faults.active:
+            faults.check_stall([s.request.request_id for s in sched.scheduled])
             faults.check_fatal(s.request.request_id for s in sched.scheduled)
             self._drop_faulty(sched, out, "preparing")
             if sched.is_empty:
@@ -262,7 +287,7 @@ class EngineCore:
             r.num_pending += 1
             r.sample_row = i
         self.num_steps += 1
-        return _Launched(sched, sampling, logits, sstep)
+        return _Launched(sched, sampling, logits, sstep, prompt_logprobs=rstep.prompt_logprobs)
 
     def _drop_faulty(self, sched: SchedulerOutput, out: CoreOutputs, stage: str) -> None:
         keep = []
@@ -280,8 +305,9 @@ class EngineCore:
     def _sample(self, step: _Launched) -> None:
         staging = self.runner.staging
         if step.sampling:
+            grammar = self.structured.stage_bitmask(step.sampling)
             step.pending = self.sampler.sample(step.logits, step.sampler_step, staging,
-                                               self.runner.last_tokens)
+                                               self.runner.last_tokens, grammar)
         else:   # nobody samples, but new slots' parameters must still be written
             self.sampler.apply_updates(step.sampler_step, staging)
         step.logits = None
@@ -289,27 +315,40 @@ class EngineCore:
     def _resolve(self, step: _Launched, out: CoreOutputs) -> None:
         """Read a step's tokens back and update its requests. Requests that finished
         or were aborted meanwhile are skipped: their token is dropped."""
-        if step.pending is None:
-            return
-        result = step.pending.resolve()
-        for req, token, lp in zip(step.sampling, result.token_ids, result.logprobs):
-            req.num_pending -= 1
-            if req.is_finished:
-                continue
-            try:
-                faults.check("finish", req.request_id)
-                self._append(req, token, lp, out)
-            except Exception as exc:  # noqa: BLE001 - isolate the one request
-                self._fail(req, exc, out, "finishing a step")
+        prompt_lps: dict[str, Logprobs] = {}
+        if step.prompt_logprobs is not None:
+            for req, _, lps in step.prompt_logprobs.results():
+                if not req.is_finished:
+                    prompt_lps[req.request_id] = lps
+        if step.pending is not None:
+            result = step.pending.resolve()
+            for req, token, lp in zip(step.sampling, result.token_ids, result.logprobs):
+                req.num_pending -= 1
+                if req.is_finished:
+                    continue
+                try:
+                    faults.check("finish", req.request_id)
+                    self._append(req, token, lp, out, prompt_lps.pop(req.request_id, None))
+                except Exception as exc:  # noqa: BLE001 - isolate the one request
+                    self._fail(req, exc, out, "finishing a step")
+        for rid, lps in prompt_lps.items():   # chunks that did not sample yet
+            out.outputs.append(CoreOutput(rid, [], prompt_logprobs=lps))
 
-    def _append(self, req: Request, token: int, lp: Logprobs | None, out: CoreOutputs) -> None:
+    def _append(self, req: Request, token: int, lp: Logprobs | None, out: CoreOutputs,
+                prompt_lp: Logprobs | None = None) -> None:
         req.all_token_ids.append(token)
         self.generation_tokens += 1
         p = req.params
         n_out = req.num_output_tokens
         cached = req.num_cached_tokens if n_out == 1 else -1
         finish, stop = None, None
-        if n_out >= p.min_tokens:
+        grammar = req.structured
+        if grammar is not None:
+            if not grammar.accept(token):
+                raise GrammarViolation("the sampled token does not fit the request's grammar")
+            if grammar.is_terminated():
+                finish = "stop"     # the output is complete under its grammar
+        if finish is None and n_out >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
                 finish = "stop"
             elif token in p.stop_token_ids:
@@ -319,7 +358,8 @@ class EngineCore:
             finish = "length"
         if finish is not None:
             self._finish(req, finish, stop)
-        out.outputs.append(CoreOutput(req.request_id, [token], lp, finish, stop, cached))
+        out.outputs.append(CoreOutput(req.request_id, [token], lp, finish, stop, cached,
+                                      prompt_lp))
 
     # -- observability ---------------------------------------------------------------
     def stats(self) -> CoreStats:

@@ -27,7 +27,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import msgspec
@@ -92,7 +91,7 @@ def core_main(config: EngineConfig, model_dir: str, eos_token_ids: tuple[int, ..
             log.error("CUDA out of memory while starting the engine: %s", e)
             send(CoreError("oom", f"CUDA out of memory while starting: {e}"))
             _exit(ctx, CUDA_OOM_EXIT_CODE)
-        log.error("engine core failed to start:\n%s", traceback.format_exc())
+        log.error("engine core failed to start", exc_info=True)
         send(CoreError("startup", f"{type(e).__name__}: {e}"))
         _exit(ctx, 1)
     send(core.ready_info())
@@ -157,10 +156,12 @@ class CoreLoop:
                         self.pending = CoreOutputs()
                     if step_out:
                         self.send(step_out)
-                    elif not step_out.stats.step_tokens:
+                    else:
                         time.sleep(0.001)   # nothing could run this step: don't spin hot
                 elif self.pending:
-                    self.pending.stats = core.stats()
+                    stats = core.stats()
+                    stats.step_tokens = 0        # no step ran for this message
+                    self.pending.stats = stats
                     self.send(self.pending)
                     self.pending = CoreOutputs()
                 if os.getppid() != self.parent_pid:
@@ -171,7 +172,7 @@ class CoreLoop:
                 log.error("CUDA out of memory in the engine core: %s", e)
                 self.send(CoreError("oom", f"CUDA out of memory: {e}"))
                 return CUDA_OOM_EXIT_CODE
-            log.error("engine core died:\n%s", traceback.format_exc())
+            log.error("engine core died", exc_info=True)
             self.send(CoreError("fatal", f"{type(e).__name__}: {e}"))
             return 1
 

@@ -66,7 +66,8 @@ class LLMEngine:
         self.core = EngineCore(config, self.model_dir, self.eos_token_ids, usage=usage)
         self.max_model_len = self.core.max_model_len
         self.limits = EngineLimits(self.max_model_len, self.model_cfg.vocab_size,
-                                   self.core.kv.num_blocks, self.core.kv.block_size)
+                                   self.core.kv.num_blocks, self.core.kv.block_size,
+                                   config.max_logprobs)
         self.processor = OutputProcessor(self.tokenizer)
 
     # The core's parts, for tests and benchmarks.

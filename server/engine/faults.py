@@ -6,6 +6,7 @@ of `stage:marker` pairs; a request whose id contains `marker` raises
 `InjectedFault` when it reaches `stage` (`add`, `prepare`, `finish`: isolated, the
 request alone fails). `fatal:marker` raises outside any request's isolation when such
 a request is launched: an error no request can be blamed for, which stops the engine.
+`stall:marker` holds the engine for PAGEFLEET_FAULT_STALL_SECONDS (a long step).
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def check(stage: str, request_id: str) -> None:
     for marker in _rules.get(stage, ()):
         if marker in request_id:
             raise InjectedFault(f"injected fault at {stage}")
+
+
+def check_stall(request_ids) -> None:
+    """Hold the engine for `stall_seconds` when a `stall` request is launched (tests of
+    what the API process shows while the engine is busy in a long step)."""
+    if not active:
+        return
+    for marker in _rules.get("stall", ()):
+        if any(marker in rid for rid in request_ids):
+            import time
+
+            time.sleep(float(os.environ.get("PAGEFLEET_FAULT_STALL_SECONDS", "3")))
+            return
 
 
 def check_fatal(request_ids) -> None:

@@ -27,7 +27,7 @@ class RequestState:
     __slots__ = ("request_id", "prompt", "prompt_token_ids", "params", "detok", "token_ids",
                  "logprobs", "cumulative_logprob", "emitted_text", "emitted_tokens",
                  "emitted_logprobs", "hold", "finish_reason", "stop_reason",
-                 "num_cached_tokens", "longest_stop")
+                 "num_cached_tokens", "longest_stop", "prompt_logprobs", "prompt_lp_sent")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, detok) -> None:
@@ -48,6 +48,9 @@ class RequestState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
+        # Position 0 has no logprob (nothing before it), as in vLLM.
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        self.prompt_lp_sent = False
 
     @property
     def text(self) -> str:
@@ -82,6 +85,10 @@ class OutputProcessor:
                 continue   # already finished here (stop string) or unknown
             if o.num_cached_tokens >= 0:
                 st.num_cached_tokens = o.num_cached_tokens
+            if o.prompt_logprobs is not None and st.prompt_logprobs is not None:
+                st.prompt_logprobs.extend(logprob_dicts(o.prompt_logprobs))
+            if not o.new_token_ids and o.finish_reason is None:
+                continue   # a prompt chunk's logprobs: they go out with the first token
             if self._update(st, o) and o.finish_reason is None:
                 aborts.append(st.request_id)
             out = self._output(st)
@@ -135,9 +142,13 @@ class OutputProcessor:
             index=0, text=out_text, token_ids=out_ids,
             finish_reason=st.finish_reason, stop_reason=st.stop_reason, logprobs=lps,
             cumulative_logprob=st.cumulative_logprob if st.logprobs is not None else None)
+        prompt_lps = None
+        if st.prompt_logprobs is not None and (kind != "delta" or not st.prompt_lp_sent):
+            prompt_lps, st.prompt_lp_sent = st.prompt_logprobs, True
         return RequestOutput(request_id=st.request_id, prompt=st.prompt,
                              prompt_token_ids=st.prompt_token_ids, outputs=[completion],
-                             finished=finished, num_cached_tokens=st.num_cached_tokens)
+                             finished=finished, num_cached_tokens=st.num_cached_tokens,
+                             prompt_logprobs=prompt_lps)
 
     def finish(self, request_id: str, reason: str) -> RequestOutput | None:
         """End a request here (abort, error); returns its last output."""

@@ -39,6 +39,10 @@ class CoreSamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     ignore_eos: bool = False
     logprobs: int | None = None          # top-N logprobs per generated token
     prompt_logprobs: int | None = None   # top-N logprobs per prompt token
+    # Structured output: (kind, text, syntax, any_whitespace) of a GrammarSpec, and the
+    # token after which it is enforced (a reasoning model's `</think>`).
+    grammar: tuple[str, str, str, bool] | None = None
+    reasoning_end_token_id: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -117,7 +121,10 @@ class CoreOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     timestamp: float = 0.0
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.scheduled or self.preempted or self.failed)
+        """Worth sending: something happened to a request, or a step ran (its size
+        feeds vllm:iteration_tokens_total)."""
+        return bool(self.outputs or self.scheduled or self.preempted or self.failed
+                    or (self.stats is not None and self.stats.step_tokens))
 
 
 class CoreReady(msgspec.Struct, tag=True, array_like=True):

@@ -31,7 +31,7 @@ class Request:
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "num_pending",
                  "max_tokens", "finish_reason", "stop_reason", "slot", "ever_scheduled",
                  "queue_gen", "prefix_leader", "prompt_logprobs_done", "generator",
-                 "sample_row")
+                 "sample_row", "structured")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: CoreSamplingParams,
                  *, priority: int = 0, arrival_time: float = 0.0,
@@ -60,6 +60,7 @@ class Request:
         self.prompt_logprobs_done = False
         self.generator = None               # torch.Generator of a seeded request
         self.sample_row = -1                # its row among the last launched step's samples
+        self.structured = None              # StructuredState of a request with a grammar
 
     @property
     def num_tokens(self) -> int:

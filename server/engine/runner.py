@@ -128,6 +128,7 @@ class ModelRunner:
         self.ops = ops or default_ops(self.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._decode_sizes: list[int] = []
+        self._widths: list[int] = []
         if self.device.type == "cuda":
             self._check_free_memory()
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
@@ -360,6 +361,7 @@ class ModelRunner:
                 d_pend.append(-1)
             d_pos.append(p)
             d_slot.append(table[p // bs] * bs + p % bs)
+        width_blocks = self._graph_width(padded, max(d_pos) + 1) if padded else 0
         if n_dec:
             ids[:n_dec] = d_ids
             pos[:n_dec] = d_pos
@@ -371,11 +373,23 @@ class ModelRunner:
         cu = [0]
         a = n_dec
         max_q = 1
+        pl_rows: list[int] = []
+        pl_targets: list[int] = []
+        pl_segments: list[tuple] = []
+        pl_top = 0
         for i in range(n_dec, n_rows):
             s = rows[i]
             r = s.request
             start, n = r.num_computed_tokens, s.num_new_tokens
             b = a + n
+            if r.params.prompt_logprobs is not None:
+                # Logprob of prompt token p+1 at row p, for the prompt positions here.
+                last = min(start + n, r.num_prompt_tokens - 1)
+                if last > start:
+                    pl_rows.extend(range(a, a + last - start))
+                    pl_targets.extend(r.all_token_ids[start + 1:last + 1])
+                    pl_segments.append((r, start + 1, last - start))
+                    pl_top = max(pl_top, r.params.prompt_logprobs)
             ids[a:b] = r.all_token_ids[start:start + n]
             p = np.arange(start, start + n)
             pos[a:b] = p
@@ -414,10 +428,14 @@ class ModelRunner:
         upd_h = st.put("i64", [upd_slot, upd_col, upd_blk], 3, len(upd_slot)) if upd_slot else None
         cu_h = st.put("i64", cu) if n_rows > n_dec else None
         rows_h = st.put("i64", sample_rows)
+        pl = None
+        if pl_rows:
+            pl = PromptLogprobRows(st.put("i64", pl_rows), st.put("i64", pl_targets),
+                                   len(pl_rows), pl_top, pl_segments)
         for slot, table, size in changed:
             bt_src[slot], bt_len[slot] = table, size
         return StagedStep(tok_h, row_h, upd_h, cu_h, rows_h, n_tok, n_rows, n_dec, max_q,
-                          len(sample_rows), padded)
+                          len(sample_rows), padded, width_blocks, pl)
 
     def _padded_size(self, sched: SchedulerOutput) -> int:
         """The captured batch size for a pure-decode step, or 0 (eager, unpadded)."""
@@ -440,12 +458,12 @@ class ModelRunner:
         if step.padded:
             self._g_tok[:, :step.padded].copy_(tok)
             self._g_row[:, :step.padded].copy_(row)
-            graph = self._graphs.get(step.padded)
+            graph = self._graphs.get((step.padded, step.width))
             if graph is not None:
                 graph[0].replay()
                 hidden = graph[1]
             else:
-                hidden = self._decode_forward(step.padded)
+                hidden = self._decode_forward(step.padded, step.width)
             self.last_prepare_s = time.perf_counter() - t0
             return self._logits(hidden[:step.num_samples])
         ids = self._input_ids(tok[0], tok[3])
@@ -456,6 +474,8 @@ class ModelRunner:
             max_query_len=step.max_query_len, num_decodes=step.num_decodes)
         self.last_prepare_s = time.perf_counter() - t0
         hidden = self.model(ids, meta)
+        if step.prompt_logprobs is not None:
+            step.prompt_logprobs.compute(self.model, hidden, st)
         if step.num_samples == 0:
             return torch.empty(0, self.model_cfg.vocab_size, device=self.device)
         if step.num_samples == step.num_tokens:
@@ -488,6 +508,7 @@ class ModelRunner:
             return
         sizes = decode_batch_sizes(min(self.config.max_num_seqs, MAX_GRAPH_BATCH))
         self._decode_sizes = sizes
+        self._widths = context_buckets(self.max_model_len, self.block_size)
         max_bs = sizes[-1]
         dev = self.device
         self._g_tok = torch.zeros(4, max_bs, dtype=torch.long, device=dev)
@@ -503,29 +524,122 @@ class ModelRunner:
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for bs in reversed(sizes):
-                self._decode_forward(bs)   # warm-up: compiles the kernels outside capture
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._decode_forward(bs)
-                self._graphs[bs] = (graph, out)
+                for width in self._graph_widths(bs):
+                    self._decode_forward(bs, width)   # warm-up: compiles outside capture
+                    torch.cuda.synchronize(dev)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = self._decode_forward(bs, width)
+                    self._graphs[(bs, width)] = (graph, out)
         torch.cuda.synchronize(dev)
         used = free_before - torch.cuda.mem_get_info(dev)[0]
-        log.info("CUDA graphs: captured %d decode batch sizes (1..%d) in %.1f s, %.2f GiB",
-                 len(self._graphs), max_bs, time.perf_counter() - t0, used / GiB)
+        log.info("CUDA graphs: captured %d decode graphs (batch 1..%d, context buckets %s "
+                 "tokens) in %.1f s, %.2f GiB", len(self._graphs), max_bs,
+                 [w * self.block_size for w in self._widths], time.perf_counter() - t0,
+                 used / GiB)
 
-    def _decode_forward(self, bs: int) -> torch.Tensor:
+    def _graph_widths(self, bs: int) -> list[int]:
+        """Block-table widths captured for batch `bs`. The decode kernel splits long
+        contexts when the batch alone cannot fill the GPU, and plans the split from the
+        table's width: small batches get a graph per context bucket (a 1K context does
+        not launch the splits of a 32K one); large batches never split, one width."""
+        if not self._widths or self._fills_gpu(bs):
+            return self._widths[-1:] if self._widths else [self.max_blocks]
+        return self._widths
+
+    def _fills_gpu(self, bs: int) -> bool:
+        try:
+            from pagefleet.server.ops import triton_attention
+        except ImportError:   # pragma: no cover - triton-less CPU installs
+            return True
+        return bs * self.model_cfg.num_kv_heads >= triton_attention._target_programs(self.device)
+
+    def _graph_width(self, bs: int, max_ctx: int) -> int:
+        need = -(-max_ctx // self.block_size)
+        return next(w for w in self._graph_widths(bs) if w >= need)
+
+    def _decode_forward(self, bs: int, width: int | None = None) -> torch.Tensor:
         """The captured decode step: input ids (pending ones from `last_tokens`), block
-        tables gathered by row slot, then the model. Reads only static buffers."""
+        tables gathered by row slot (the first `width` blocks), then the model. Reads
+        only static buffers."""
         tok, row = self._g_tok[:, :bs], self._g_row[:, :bs]
+        tables = self.block_table.index_select(0, row[1])
+        if width is not None and width < self.max_blocks:
+            tables = tables[:, :width]
         meta = AttentionMetadata(
             positions=tok[1], slot_mapping=tok[2], cu_seqlens_q=row[0][:0],
-            context_lens=row[0], block_tables=self.block_table.index_select(0, row[1]),
-            max_query_len=1, num_decodes=bs)
+            context_lens=row[0], block_tables=tables, max_query_len=1, num_decodes=bs)
         return self.model(self._input_ids(tok[0], tok[3]), meta)
 
 
 MAX_GRAPH_BATCH = 512   # larger decode batches run eagerly (as vLLM caps its captures)
+
+
+def context_buckets(max_model_len: int, block_size: int) -> list[int]:
+    """Block-table widths (in blocks) of the decode graphs: 2K, 8K, 32K, 128K tokens
+    below max_model_len, then max_model_len itself."""
+    widths = [t for t in (2048, 8192, 32768, 131072) if t < max_model_len] + [max_model_len]
+    return [-(-t // block_size) for t in widths]
+
+
+class PromptLogprobRows:
+    """Prompt logprobs asked for in one step: which hidden rows, which target tokens,
+    and (after `compute`) the results on their way to the host. Logits are computed in
+    slices of PROMPT_LOGPROB_SLICE rows, so a long prompt never holds a
+    [tokens, vocab] tensor."""
+
+    def __init__(self, rows_h: int, targets_h: int, count: int, top: int,
+                 segments: list[tuple]) -> None:
+        self.rows_h, self.targets_h, self.count, self.top = rows_h, targets_h, count, top
+        self.segments = segments        # (request, first prompt position, count)
+        self.host: tuple | None = None
+
+    @torch.inference_mode()
+    def compute(self, model, hidden: torch.Tensor, staging: Staging) -> None:
+        rows, targets = staging.get(self.rows_h), staging.get(self.targets_h)
+        k = self.top
+        dev = hidden.device
+        chosen = torch.empty(self.count, device=dev)
+        ranks = torch.empty(self.count, dtype=torch.long, device=dev)
+        top_v = torch.empty(self.count, k, device=dev)
+        top_i = torch.empty(self.count, k, dtype=torch.long, device=dev)
+        for j in range(0, self.count, PROMPT_LOGPROB_SLICE):
+            sl = slice(j, min(j + PROMPT_LOGPROB_SLICE, self.count))
+            logits = model.compute_logits(hidden.index_select(0, rows[sl]))
+            if logits is None:   # a tensor-parallel worker: its vocabulary shard went to rank 0
+                continue
+            lp = logits.float().log_softmax(-1)
+            c = lp.gather(1, targets[sl].unsqueeze(1))
+            chosen[sl] = c.squeeze(1)
+            ranks[sl] = (lp > c).sum(dim=-1) + 1
+            if k:
+                v, i = lp.topk(k, dim=-1)
+                top_v[sl], top_i[sl] = v, i
+        from pagefleet.server.engine.sampler import _to_host
+        self.host = tuple(_to_host(t) for t in (chosen, ranks, top_v, top_i, targets))
+        if dev.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    _event = None
+
+    def results(self):
+        """[(request, first position, Logprobs)] once the step's copies are done."""
+        from pagefleet.server.engine.protocol import Logprobs
+        if self._event is not None:
+            self._event.synchronize()
+        chosen, ranks, top_v, top_i, targets = (t.tolist() for t in self.host)
+        out, a = [], 0
+        for req, first, n in self.segments:
+            k = req.params.prompt_logprobs
+            ids = [[targets[j]] + top_i[j][:k] for j in range(a, a + n)]
+            vals = [[chosen[j]] + top_v[j][:k] for j in range(a, a + n)]
+            out.append((req, first, Logprobs(ids, vals, ranks[a:a + n])))
+            a += n
+        return out
+
+
+PROMPT_LOGPROB_SLICE = 256
 
 
 @dataclass(slots=True)
@@ -543,3 +657,5 @@ class StagedStep:
     max_query_len: int
     num_samples: int
     padded: int
+    width: int = 0          # block-table width of the decode graph (padded steps)
+    prompt_logprobs: PromptLogprobRows | None = None

@@ -154,6 +154,7 @@ class SamplerStep:
     reset_slots: int | None = None
     bans: int | None = None                            # [2, n] (row, token)
     any_random: bool = False
+    any_greedy: bool = False
     any_penalties: bool = False
     filter_path: str = ""                              # "", "topk" or "sort"
     k_max: int = 0
@@ -234,6 +235,7 @@ class Sampler:
             return st
         st.slots = staging.put("i64", [r.slot for r in reqs])
         st.any_random = self.num_random > 0
+        st.any_greedy = not st.any_random or any(r.params.greedy for r in reqs)
         st.any_penalties = self.num_penalties > 0
         if self.num_filters:
             ks = [r.params.top_k for r in reqs if not r.params.greedy]
@@ -283,30 +285,42 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, st: SamplerStep, staging: Staging,
-               last_tokens: torch.Tensor) -> PendingSample:
+               last_tokens: torch.Tensor, grammar: tuple | None = None) -> PendingSample:
         """Queue the sampling of one token per row; the tokens also land in
-        `last_tokens[:rows]` for the next step's pending decodes."""
+        `last_tokens[:rows]` for the next step's pending decodes. `grammar` is a
+        (bitmask, rows) pair from the structured-output requests: those rows keep only
+        the tokens their grammar allows, before anything else. The logits are consumed
+        (masked, penalised and scaled in place)."""
         self.apply_updates(st, staging)
         n = st.num_rows
-        raw = logits = logits.float()
+        logits = logits.float()
         dev = self.device
+        lp_rows = None
+        if st.want:   # logprobs are of the raw model output (vLLM's default)
+            lp_rows = logits.index_select(0, staging.get(st.want_rows))
+        if grammar is not None:
+            from pagefleet.server.engine.structured_output import apply
+
+            apply(logits, grammar[0], grammar[1])
         if st.fast_greedy:
             tokens = logits.argmax(dim=-1)
         else:
             slots = staging.get(st.slots)
             p = self.params.index_select(0, slots)
-            if st.any_penalties:
-                logits = apply_penalties(logits, self.prompt_mask.index_select(0, slots),
-                                         self.out_counts.index_select(0, slots),
-                                         p[:, _REP], p[:, _FREQ], p[:, _PRES])
+            work = logits
+            if st.any_penalties or st.any_random:
+                work = self._prologue(logits, slots, p, st.any_penalties)
             if st.bans is not None:
-                if logits is raw:
-                    logits = raw.clone()
+                if work is logits and dev.type != "cuda":
+                    work = logits.clone()
                 bans = staging.get(st.bans)
-                logits[bans[0], bans[1]] = float("-inf")
-            tokens = logits.argmax(dim=-1)
+                work[bans[0], bans[1]] = float("-inf")
             if st.any_random:
-                tokens = torch.where(p[:, _GREEDY] > 0, tokens, self._random(logits, p, st))
+                tokens = self._random(work, p, st)
+                if st.any_greedy:
+                    tokens = torch.where(p[:, _GREEDY] > 0, work.argmax(dim=-1), tokens)
+            else:
+                tokens = work.argmax(dim=-1)
             if st.any_penalties:
                 self.out_counts.index_put_((slots, tokens),
                                            torch.ones_like(tokens, dtype=torch.int32),
@@ -319,19 +333,32 @@ class Sampler:
         else:
             host[:n] = tokens
         parts = None
-        if st.want:
-            w = staging.get(st.want_rows)
-            lp = torch.log_softmax(raw.index_select(0, w), dim=-1)
+        if lp_rows is not None:
+            lp = torch.log_softmax(lp_rows, dim=-1)
             k = max(max(st.n_top), 1)
             top_vals, top_ids = lp.topk(min(k, self.vocab_size), dim=-1)
-            chosen = lp.gather(1, tokens.index_select(0, w).unsqueeze(1))
+            chosen = lp.gather(1, tokens.index_select(0, staging.get(st.want_rows)).unsqueeze(1))
             ranks = (lp > chosen).sum(dim=-1) + 1
             parts = (_to_host(top_vals), _to_host(top_ids), _to_host(chosen.squeeze(1)),
                      _to_host(ranks), st.n_top)
         return PendingSample(host, n, parts, st.want, dev)
 
-    def _random(self, logits: torch.Tensor, p: torch.Tensor, st: SamplerStep) -> torch.Tensor:
-        scaled = logits / p[:, _TEMP].unsqueeze(1)
+    def _prologue(self, logits: torch.Tensor, slots: torch.Tensor, p: torch.Tensor,
+                  penalties: bool) -> torch.Tensor:
+        """Penalties (where any row has them) and temperature, in one pass on CUDA."""
+        if self.device.type == "cuda":
+            from pagefleet.server.ops.triton_sampling import penalize_and_scale
+
+            return penalize_and_scale(logits, self.prompt_mask, self.out_counts, slots,
+                                      self.params, (_TEMP, _REP, _FREQ, _PRES), penalties)
+        if penalties:
+            logits = apply_penalties(logits, self.prompt_mask.index_select(0, slots),
+                                     self.out_counts.index_select(0, slots),
+                                     p[:, _REP], p[:, _FREQ], p[:, _PRES])
+        return logits / p[:, _TEMP].unsqueeze(1)
+
+    def _random(self, scaled: torch.Tensor, p: torch.Tensor, st: SamplerStep) -> torch.Tensor:
+        """Sample from logits already divided by the temperature."""
         if st.filter_path == "topk":
             k = torch.where(p[:, _TOP_K] > 0, p[:, _TOP_K], float(st.k_max)).long()
             cand, idx = top_k_candidates(scaled, k, p[:, _TOP_P], p[:, _MIN_P], st.k_max)

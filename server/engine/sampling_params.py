@@ -35,6 +35,11 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # top-N logprobs per generated token
+    prompt_logprobs: int | None = None   # top-N logprobs per prompt token
+    # Structured output: a GrammarSpec's (kind, text, syntax, any_whitespace), enforced
+    # after `reasoning_end_token_id` when that is set.
+    grammar: tuple | None = None
+    reasoning_end_token_id: int | None = None
     skip_special_tokens: bool = True
     # What each output carries: "cumulative" (everything so far), "delta" (what is new
     # since the last output; the server streams these) or "final" (one output, at the
@@ -78,8 +83,10 @@ class SamplingParams:
         need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-             f"must be in [0, 20], got {self.logprobs}")
+        need(self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"must be >= 0, got {self.logprobs}")
+        need(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             f"must be >= 0, got {self.prompt_logprobs}")
         need(all(isinstance(s, str) for s in self.stop_strings), "stop", "must be strings")
         need(self.stop_token_ids is None or all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids", "must be non-negative integers")
@@ -97,4 +104,6 @@ class SamplingParams:
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-            logprobs=self.logprobs)
+            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            grammar=tuple(self.grammar) if self.grammar is not None else None,
+            reasoning_end_token_id=self.reasoning_end_token_id)

@@ -113,36 +113,53 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        chosen: dict[str, ScheduledRequest] = {}
         max_len = self.max_model_len
+        kv = self.kv
 
         # Running requests: decodes first, then prefill chunks, each in admission order.
-        decodes, chunks = [], []
+        decodes: list[ScheduledRequest] = []
+        needy: list[Request] = []      # decodes that need a new block (may preempt)
+        chunks: list[Request] = []
         for req in self.running.values():
             left = req.num_tokens - req.num_computed_tokens
-            if left <= 0 or (req.num_pending and req.will_finish_on_length(max_len)):
-                continue   # its last token is in flight
-            (decodes if left == 1 else chunks).append(req)
-        for req in decodes + chunks:
+            if left == 1:
+                if req.num_pending and req.will_finish_on_length(max_len):
+                    continue   # its last token is in flight
+                if budget <= 0:
+                    continue   # more decodes than the token budget: the rest wait
+                if not kv.allocate_slots(req, 1):
+                    needy.append(req)    # the pool is short: handled with preemption below
+                    continue
+                decodes.append(ScheduledRequest(
+                    req, 1, True, req.num_pending > 0
+                    and req.num_computed_tokens == len(req.all_token_ids)))
+                budget -= 1
+            elif left > 1:
+                chunks.append(req)
+        rest: list[ScheduledRequest] = []
+        for req in needy + chunks if needy else chunks:
             if req.status is not Status.RUNNING:
                 continue   # preempted earlier in this step
             left = req.num_tokens - req.num_computed_tokens
             num_new = left if left == 1 else self._chunk(left, budget)
             if num_new <= 0 or num_new > budget:
                 continue
-            while not self.kv.allocate_slots(req, num_new):
+            while not kv.allocate_slots(req, num_new):
                 victim = max(self.running.values(), key=self._key)
                 self._preempt(victim)
                 out.preempted.append(victim)
-                undone = chosen.pop(victim.request_id, None)
-                if undone is not None:
-                    budget += undone.num_new_tokens
+                for group in (decodes, rest):
+                    for i, s in enumerate(group):
+                        if s.request is victim:
+                            budget += s.num_new_tokens
+                            del group[i]
+                            break
                 if victim is req:
                     break
             else:
                 pending = req.num_pending > 0 and req.num_computed_tokens == len(req.all_token_ids)
-                chosen[req.request_id] = ScheduledRequest(
-                    req, num_new, samples=num_new == left, pending=pending)
+                sr = ScheduledRequest(req, num_new, num_new == left, pending)
+                (decodes if num_new == 1 and num_new == left else rest).append(sr)
                 budget -= num_new
 
         # Waiting requests, unless this step had to preempt (the pool is short). The
@@ -153,15 +170,16 @@ class Scheduler:
             if req.num_pending or self._leader_prefilling(req):
                 break   # its tokens are not all known yet: next step
             hits, num_hit_tokens = ([], 0)
-            if req.num_computed_tokens == 0:
-                hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+            if req.num_computed_tokens == 0 and req.params.prompt_logprobs is None:
+                # (prompt logprobs need every prompt position computed: no cache hits)
+                hits, num_hit_tokens = kv.get_computed_blocks(req)
             left = req.num_tokens - num_hit_tokens
             if left > budget and not self.enable_chunked_prefill:
                 break
             num_new = self._chunk(left, budget)
-            if not self.kv.allocate_slots(req, num_new, hits):
+            if not kv.allocate_slots(req, num_new, hits):
                 break
-            self.kv.record_lookup(req.num_tokens, num_hit_tokens)
+            kv.record_lookup(req.num_tokens, num_hit_tokens)
             self.waiting.pop()
             req.num_computed_tokens = num_hit_tokens
             if req.num_preemptions == 0:
@@ -171,17 +189,13 @@ class Scheduler:
                 out.first_scheduled.append(req)
             req.status = Status.RUNNING
             self.running[req.request_id] = req
-            chosen[req.request_id] = ScheduledRequest(req, num_new, samples=num_new == left)
+            sr = ScheduledRequest(req, num_new, num_new == left)
+            (decodes if num_new == 1 and num_new == left else rest).append(sr)
             budget -= num_new
 
         # Decode rows first: the runner runs them through the decode kernel.
-        rows = list(chosen.values())
-        dec = [s for s in rows if s.num_new_tokens == 1 and s.samples]
-        if len(dec) != len(rows):
-            rest = [s for s in rows if not (s.num_new_tokens == 1 and s.samples)]
-            rows = dec + rest
-        out.scheduled = rows
-        out.num_decodes = len(dec)
+        out.scheduled = decodes + rest if rest else decodes
+        out.num_decodes = len(decodes)
         return out
 
     def advance(self, out: SchedulerOutput, pending: bool) -> None:

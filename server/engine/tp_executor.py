@@ -333,7 +333,7 @@ class TPDriver(ModelRunner):
         st = self.staging
         try:
             self.workers.send(self._enc.encode(
-                StepMsg(step, self._step_spans, self._step_used, tail, n_last)))
+                StepMsg.of(step, self._step_spans, self._step_used, tail, n_last)))
             if n_last:
                 st.get(tail).copy_(self.last_tokens[:n_last])
             if self._step_used:

@@ -125,7 +125,7 @@ def main() -> int:
                     group.broadcast(staging.region("i64", msg.used))
                 if msg.n_last:
                     runner.last_tokens[:msg.n_last].copy_(staging.get(msg.tail))
-                runner.execute(msg.step)
+                runner.execute(msg.staged_step())
             elif isinstance(msg, Query):
                 report("report", info=describe_rank(runner))
             elif isinstance(msg, Shutdown):

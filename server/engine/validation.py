@@ -38,22 +38,46 @@ def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
+    """Token ids in range: two C-speed passes (min/max) even for million-token prompts."""
     if not ids:
         raise RequestRejected("the prompt is empty", param)
-    for t in ids:
-        if type(t) is not int or not 0 <= t < vocab_size:
-            raise RequestRejected(f"token id {t!r} is out of range [0, {vocab_size})", param)
+    try:
+        lo, hi = min(ids), max(ids)
+        ok = isinstance(lo, int) and isinstance(hi, int) and lo >= 0 and hi < vocab_size
+    except TypeError:
+        ok = False
+    if not ok or any(type(t) is not int for t in ids[:1]):
+        bad = next((t for t in ids if type(t) is not int or not 0 <= t < vocab_size), ids[0])
+        raise RequestRejected(f"token id {bad!r} is out of range [0, {vocab_size})", param)
 
 
 class EngineLimits:
     """What the edge must know about the engine to validate a request."""
 
     def __init__(self, max_model_len: int, vocab_size: int, num_blocks: int,
-                 block_size: int) -> None:
+                 block_size: int, max_logprobs: int = 20) -> None:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.max_logprobs = max_logprobs
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The sampling fields whose bounds depend on the engine."""
+        v = self.vocab_size
+        if params.top_k > v:
+            raise SamplingParamsError("top_k", f"must be -1 (off) or in [1, {v}] (the "
+                                      f"vocabulary size), got {params.top_k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > self.max_logprobs:
+                raise SamplingParamsError(name, f"must be at most {self.max_logprobs} "
+                                          f"(--max-logprobs), got {n}")
+        if params.stop_token_ids and any(t >= v for t in params.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", f"ids must be < {v}")
+        if params.min_tokens > self.max_model_len:
+            raise SamplingParamsError("min_tokens", f"must be at most the context length "
+                                      f"{self.max_model_len}, got {params.min_tokens}")
 
     def core_request(self, request_id: str, ids: list[int], params: SamplingParams, *,
                      priority: int = 0, arrival_time: float = 0.0,
@@ -61,8 +85,7 @@ class EngineLimits:
         """Validate and build the core's request (max_tokens resolved)."""
         check_prompt_ids(ids, self.vocab_size)
         check_context(len(ids), params.max_tokens, self.max_model_len)
-        if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise SamplingParamsError("stop_token_ids", f"ids must be < {self.vocab_size}")
+        self.check_params(params)
         max_tokens = params.max_tokens or (self.max_model_len - len(ids))
         capacity = self.num_blocks * self.block_size
         if len(ids) + max_tokens > capacity:

@@ -114,6 +114,35 @@ def _eos_ids(model_dir: Path, cfg: dict) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def resolve_generation_defaults(mode: str, model_dir: str | Path,
+                                override: str | None = None) -> dict:
+    """`--generation-config` (auto | vllm | a folder) plus `--override-generation-config`
+    (a JSON object) -> the sampling defaults of requests that leave a field unset."""
+    if mode == "auto":
+        defaults = generation_defaults(model_dir)
+    elif mode == "vllm":
+        defaults = {}
+    else:
+        folder = Path(mode)
+        if not (folder / "generation_config.json").exists():
+            from pagefleet.server.config import ConfigError
+            raise ConfigError(f"--generation-config {mode}: expected 'auto', 'vllm' or a "
+                              "folder with a generation_config.json")
+        defaults = generation_defaults(folder)
+    if override:
+        from pagefleet.server.config import ConfigError
+        try:
+            extra = json.loads(override)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--override-generation-config: not JSON ({e})") from None
+        keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        if not isinstance(extra, dict) or any(k not in keys for k in extra):
+            raise ConfigError("--override-generation-config: expected a JSON object with "
+                              f"keys among {', '.join(keys)}")
+        defaults = {**defaults, **extra}
+    return defaults
+
+
 def generation_defaults(model_dir: str | Path) -> dict:
     """Sampling defaults a checkpoint ships in generation_config.json."""
     path = Path(model_dir) / "generation_config.json"

@@ -11,9 +11,8 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 
-# The Kubernetes minors we promise to install on (Chart.yaml kubeVersion >= 1.27; the
-# CRD uses CEL rules with fieldPath/reason, GA in 1.30).
-KUBE_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
+# The Kubernetes minors we promise to install on (Chart.yaml kubeVersion >= 1.27).
+KUBE_VERSIONS = ("1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
 PROM_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _META = {"type": "object", "required": ["name", "namespace"],

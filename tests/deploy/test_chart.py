@@ -24,9 +24,10 @@ VALUE_SETS: dict[str, dict[str, str]] = {
     "namespaces-cluster-rbac": {"operator.watchNamespaces": "{team-a,team-*}"},
     "namespaced-rbac": {"rbac.namespaced": "true", "operator.watchNamespaces": "{team-a,team-b}",
                         **render.MONITORING_VALUES},
+    # Two replicas with the defaults: each gets its own peering priority (finding 1).
     "ha-debug": {"operator.replicas": "2", "operator.logLevel": "debug", "image.tag": "0.1.1",
-                 "serverImage.tag": "0.1.1", "serviceAccount.name": "pf-op",
-                 "operator.extraArgs": "{--priority=10}"},
+                 "serverImage.tag": "0.1.1", "serviceAccount.name": "pf-op", "peering.lifetime": "20"},
+    "network-policy": {"networkPolicy.enabled": "true", "networkPolicy.namespaces": "{models,team-b}"},
     "no-rbac-existing-sa": {"rbac.create": "false", "serviceAccount.create": "false",
                             "serviceAccount.name": "my-operator"},
 }
@@ -92,11 +93,11 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 NAMESPACED_GRANTS = {
-    ("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
+    ("pagefleet.dev", "modeldeployments", "get"), ("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
     ("pagefleet.dev", "modeldeployments", "patch"), ("pagefleet.dev", "modeldeployments/status", "patch"),
     *{(g, r, v) for g, r in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets"))
-      for v in ("get", "create", "patch", "delete")},
-    ("", "pods", "list"), ("", "events", "create"),
+      for v in ("get", "list", "watch", "create", "patch", "delete")},
+    ("", "pods", "list"), ("", "pods", "watch"), ("", "persistentvolumeclaims", "get"), ("", "events", "create"),
 }
 CRD_GRANTS = {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
@@ -135,9 +136,12 @@ def test_rbac_cluster_wide_is_exactly_what_the_operator_calls(helm_bin: str) -> 
 
 
 def test_rbac_namespaced_mode(helm_bin: str) -> None:
+    """Exact namespace names: kopf does not scan, so no ClusterRole at all (finding 13)."""
     objs = _render(helm_bin, VALUE_SETS["namespaced-rbac"])
-    namespace_grants = {("", "namespaces", "list"), ("", "namespaces", "watch")}
-    assert _grants(_rules(objs, "ClusterRole")) == CRD_GRANTS | namespace_grants
+    assert "ClusterRole" not in _kinds(objs) and "ClusterRoleBinding" not in _kinds(objs)
+    globs = _render(helm_bin, VALUE_SETS["namespaces-cluster-rbac"])
+    assert _grants(_rules(globs, "ClusterRole")) == (NAMESPACED_GRANTS | CRD_GRANTS | _peering("kopfpeerings")
+                                                     | {("", "namespaces", "list"), ("", "namespaces", "watch")})
     roles = _kinds(objs)["Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
@@ -168,7 +172,9 @@ def test_operator_deployment(helm_bin: str) -> None:
     operator_parser().parse_args(c["args"])
     ha = _kinds(_render(helm_bin, VALUE_SETS["ha-debug"]))["Deployment"][0]
     hc = ha["spec"]["template"]["spec"]["containers"][0]
-    assert ha["spec"]["replicas"] == 2 and "--verbose" in hc["args"] and "--priority=10" in hc["args"]
+    assert ha["spec"]["replicas"] == 2 and "--verbose" in hc["args"] and "--peering-lifetime=20" in hc["args"]
+    assert not any(a.startswith("--priority") for a in hc["args"]), "each replica picks its own priority"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in hc["env"]
     assert hc["image"].endswith(":0.1.1")
     operator_parser().parse_args(hc["args"])
     standalone = _kinds(_render(helm_bin, VALUE_SETS["standalone"]))["Deployment"][0]
@@ -192,6 +198,9 @@ BAD_VALUES = [
     ({"rbac.namespaced": "true", "operator.watchNamespaces": "{team-*}"}, "exact namespace"),
     ({"operator.replicas": "2", "peering.enabled": "false"}, "peering"),
     ({"serviceAccount.create": "false"}, "serviceAccount.name"),
+    ({"operator.replicas": "2", "operator.extraArgs": "{--priority=10}"}, "same priority"),
+    ({"networkPolicy.enabled": "true"}, "networkPolicy.namespaces"),
+    ({"peering.lifetime": "1"}, "lifetime"),
 ]
 
 
@@ -373,3 +382,97 @@ def test_bad_custom_resources_are_rejected_by_the_crd_schema() -> None:
         bad["spec"].update(bad_spec)
         with pytest.raises(jsonschema.ValidationError):
             schemas.validate_cr(bad, the_crd)
+
+
+# ------------------------------------------------------------- pod security
+
+def test_pod_security_checker_can_fail() -> None:
+    from tests.deploy.podsecurity import restricted_violations
+
+    bad = {"hostNetwork": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+           "containers": [{"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}}]}
+    found = restricted_violations(bad)
+    for needle in ("hostNetwork", "hostPath", "privileged", "SYS_ADMIN", "allowPrivilegeEscalation",
+                   "runAsNonRoot", "seccompProfile", "drop ALL"):
+        assert any(needle in v for v in found), (needle, found)
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_operator_pod_is_pod_security_restricted(helm_bin: str, name: str) -> None:
+    from tests.deploy.podsecurity import restricted_violations
+
+    (dep,) = _kinds(_render(helm_bin, VALUE_SETS[name]))["Deployment"]
+    assert restricted_violations(dep["spec"]["template"]["spec"]) == []
+
+
+def _rendered_examples() -> list[tuple[str, dict[str, Any]]]:
+    """What the operator makes of every example: its Deployment, Service and PDB."""
+    from pagefleet.operator import resources
+    from pagefleet.operator.spec import parse_spec
+
+    out = []
+    pvcs = {d["metadata"]["name"]: d for _, d in _example_docs() if d["kind"] == "PersistentVolumeClaim"}
+    for name, doc in _example_docs():
+        if doc["kind"] != crd.KIND:
+            continue
+        doc = json.loads(json.dumps(doc))
+        doc["metadata"].update(namespace="models", uid="6f1c1f3e-3f6a-4a55-9d2a-0c7d8f1b2a3c")
+        spec = parse_spec(doc)
+        claim = (doc["spec"].get("modelCache") or {}).get("claimName")
+        modes = pvcs[claim]["spec"]["accessModes"] if claim else None
+        replicas = resources.initial_replicas(spec, None)
+        out += [(name, resources.deployment(spec, replicas, modes)), (name, resources.service(spec)),
+                (name, resources.pod_disruption_budget(spec, replicas))]
+    return out
+
+
+@pytest.mark.parametrize("version", ["1.27", "1.35"])
+def test_every_examples_objects_are_strictly_valid(version: str) -> None:
+    for name, obj in _rendered_examples():
+        try:
+            schemas.validate_k8s(obj, version)
+        except Exception as e:  # noqa: BLE001 - report which object
+            pytest.fail(f"{name}: {obj['kind']} invalid for Kubernetes {version}: {getattr(e, 'message', e)}")
+
+
+def test_every_examples_server_pods_are_pod_security_restricted() -> None:
+    from tests.deploy.podsecurity import restricted_violations
+
+    deployments = [(n, o) for n, o in _rendered_examples() if o["kind"] == "Deployment"]
+    assert len(deployments) == 4
+    for name, dep in deployments:
+        assert restricted_violations(dep["spec"]["template"]["spec"]) == [], name
+
+
+def test_long_context_example_rolls_without_a_surge_pod() -> None:
+    """Finding 8: its cache PVC is ReadWriteOnce, so a surge pod elsewhere could never
+    mount it; the operator replaces pods one at a time instead."""
+    (dep,) = [o for n, o in _rendered_examples() if n == "long-context.yaml" and o["kind"] == "Deployment"]
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def test_network_policy_lets_the_operator_scrape_the_servers(helm_bin: str) -> None:
+    from pagefleet.operator import resources
+    from pagefleet.operator.spec import parse_spec
+
+    objs = _kinds(_render(helm_bin, VALUE_SETS["network-policy"], include_crds=False))
+    policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in objs["NetworkPolicy"]}
+    (op_dep,) = objs["Deployment"]
+    op_labels = op_dep["spec"]["template"]["metadata"]["labels"]
+    doc = next(d for n, d in _example_docs() if n == "short-qa.yaml" and d["kind"] == crd.KIND)
+    doc = dict(doc, metadata=dict(doc["metadata"], namespace="models"))
+    server_labels = resources.deployment(parse_spec(doc), 1)["spec"]["template"]["metadata"]["labels"]
+    for ns in ("models", "team-b"):
+        ingress = policies[(ns, "pagefleet-operator-scrape")]["spec"]
+        assert ingress["podSelector"]["matchLabels"].items() <= server_labels.items()
+        (rule,) = ingress["ingress"]
+        (peer,) = rule["from"]
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": render.NAMESPACE}
+        assert peer["podSelector"]["matchLabels"].items() <= op_labels.items()
+        assert rule["ports"] == [{"protocol": "TCP", "port": resources.PORT}]
+    egress = policies[(render.NAMESPACE, "pagefleet-operator-egress")]["spec"]
+    assert egress["podSelector"]["matchLabels"].items() <= op_labels.items()
+    to_servers = egress["egress"][-1]
+    assert to_servers["ports"] == [{"protocol": "TCP", "port": resources.PORT}]
+    assert to_servers["to"][0]["podSelector"]["matchLabels"].items() <= server_labels.items()
+    assert "NetworkPolicy" not in _kinds(_render(helm_bin, {}, include_crds=False)), "off by default"

@@ -69,10 +69,20 @@ class Cluster:
         meta["namespace"] = namespace
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("resourceVersion", "1")
+        meta.setdefault("generation", 1)
         return await self.kube.create(self.path(obj["kind"], namespace), obj)
 
     async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
                     sub: str | None = None) -> dict[str, Any]:
+        """A merge patch; a change of the spec bumps metadata.generation, as an API
+        server does (the emulator does not)."""
+        if sub in (None, "scale") and "spec" in patch and not (patch.get("metadata") or {}).get("generation"):
+            live = await self.get(kind, namespace, name) or {}
+            patch = {**patch, "metadata": {**(patch.get("metadata") or {}),
+                                           "generation": int((live.get("metadata") or {}).get("generation") or 1) + 1}}
+            if sub == "scale":  # the scale subresource writes spec.replicas of the object
+                await self.kube.patch(self.path(kind, namespace, name), {"metadata": patch["metadata"]})
+                patch = {"spec": patch["spec"]}
         return await self.kube.patch(self.path(kind, namespace, name, sub), patch)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -105,11 +115,11 @@ class Cluster:
 
     async def wait_object(self, kind: str, namespace: str, name: str,
                           check: Callable[[dict[str, Any]], bool] = lambda o: True,
-                          what: str = "") -> dict[str, Any]:
+                          what: str = "", timeout: float = POLL_TIMEOUT_S) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             obj = await self.get(kind, namespace, name)
             return obj if obj is not None and check(obj) else None
-        return await self.wait_for(probe, what or f"{kind} {namespace}/{name}")
+        return await self.wait_for(probe, what or f"{kind} {namespace}/{name}", timeout)
 
     async def wait_condition(self, namespace: str, name: str, type_: str, status: str) -> dict[str, Any]:
         def check(obj: dict[str, Any]) -> bool:
@@ -127,18 +137,35 @@ def register_resources(emulator: kmock.KubernetesEmulator) -> None:
         subresources={"status", "scale"})
 
 
+class OperatorProcess:
+    """A running `pagefleet operator`: its liveness URL, process and log."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, liveness: str, log_path: Path) -> None:
+        self.proc, self.liveness, self.log_path = proc, liveness, log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean exit, no goodbye to the peering (a node failure)."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
 @contextlib.asynccontextmanager
-async def operator_process(cluster: Cluster, log_path: Path, *args: str) -> AsyncIterator[str]:
-    """Run `pagefleet operator` as a subprocess until the block ends; yields its
-    liveness URL once it answers. Always terminated (then killed) on exit."""
+async def operator_run(cluster: Cluster, log_path: Path, *args: str,
+                       env: dict[str, str] | None = None) -> AsyncIterator[OperatorProcess]:
+    """Run `pagefleet operator` as a subprocess until the block ends; yields it once
+    its liveness endpoint answers. Always terminated (then killed) on exit."""
     port = free_port()
     liveness = f"http://127.0.0.1:{port}/healthz"
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
-    env.pop("KUBERNETES_SERVICE_HOST", None)  # never mistake the test machine for a pod
+    full_env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    full_env.pop("KUBERNETES_SERVICE_HOST", None)  # never mistake the test machine for a pod
     log = open(log_path, "wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pagefleet.server.cli", "operator", "--liveness", liveness, *args,
-        stdout=log, stderr=asyncio.subprocess.STDOUT, env=env)
+        stdout=log, stderr=asyncio.subprocess.STDOUT, env=full_env)
     try:
         async def alive() -> bool:
             if proc.returncode is not None:
@@ -149,7 +176,7 @@ async def operator_process(cluster: Cluster, log_path: Path, *args: str) -> Asyn
             except aiohttp.ClientError:
                 return False
         await cluster.wait_for(alive, "the operator's liveness endpoint")
-        yield liveness
+        yield OperatorProcess(proc, liveness, log_path)
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -161,6 +188,13 @@ async def operator_process(cluster: Cluster, log_path: Path, *args: str) -> Asyn
         log.close()
         # Shown by pytest for failing tests only.
         print(f"--- operator log ({log_path}) ---\n{log_path.read_text()[-6000:]}")
+
+
+@contextlib.asynccontextmanager
+async def operator_process(cluster: Cluster, log_path: Path, *args: str) -> AsyncIterator[str]:
+    """operator_run, yielding just the liveness URL."""
+    async with operator_run(cluster, log_path, *args) as op:
+        yield op.liveness
 
 
 class MetricsServer:

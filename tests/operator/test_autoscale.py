@@ -46,7 +46,7 @@ def test_metric_replicas(samples: list[PodSample], current: int, target: float, 
     assert metric_replicas(samples, current, target) == expected, why
 
 
-POLICY = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4, target_waiting_requests=5,
+POLICY = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4, metric="waiting", target=5,
                          scale_up_stabilization_seconds=0, scale_down_stabilization_seconds=300,
                          interval_seconds=15)
 
@@ -162,7 +162,7 @@ def test_scale_up_is_rate_limited_like_the_hpa() -> None:
     """At most max(+100%, +4 pods) per 15 s, counted from the period's start size."""
     big = AutoscalingSpec(**{**POLICY.__dict__, "max_replicas": 40, "min_replicas": 1})
     fleet = Fleet(big)
-    target = big.target_waiting_requests
+    target = big.target
     flood = 40 * target * 2                      # wants far more than 40 replicas
     assert fleet.step(0, flood) == 5             # 1 -> 1 + 4
     assert "per 15s" in fleet.reason
@@ -174,3 +174,71 @@ def test_scale_up_is_rate_limited_like_the_hpa() -> None:
     # A small step up inside the limit is not marked as limited.
     small = Fleet(big)
     assert small.step(0, 3 * target) == 3 and "per 15s" not in small.reason
+
+
+def concurrency_sample(name: str, running: float, waiting: float) -> PodSample:
+    return PodSample(name, True, running + waiting,
+                     {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting})
+
+
+def test_a_busy_fleet_with_an_empty_queue_is_not_shrunk() -> None:
+    """Issue 12, finding 6: 4 replicas each running 90 with nothing waiting. The
+    waiting-only metric sees 0 and halves the fleet down to 1 after the window; the
+    default metric (concurrency) holds it."""
+    from pagefleet.operator.spec import parse_spec
+
+    spec = parse_spec({"metadata": {"name": "m"}, "spec": {"model": "m", "engine": {"maxNumSeqs": 96},
+                                                           "autoscaling": {"enabled": True}}}).autoscaling
+    assert (spec.metric, spec.target) == ("concurrency", 96.0)
+    waiting_only = AutoscalingSpec(**{**spec.__dict__, "metric": "waiting", "target": 5})
+    busy = [concurrency_sample(f"p{i}", 90, 0) for i in range(4)]
+    for policy, expected in ((spec, 4), (waiting_only, 1)):
+        history = seed_history(4, 0)
+        replicas = 4
+        for t in range(15, 600, 15):
+            samples = [PodSample(s.pod, True, s.values["vllm:num_requests_waiting"], s.values)
+                       if policy.metric == "waiting" else s for s in busy[:replicas]]
+            d = decide(samples, replicas, history, policy, float(t))
+            history, replicas = d.history, d.replicas
+        assert replicas == expected, policy.metric
+    # Concurrency still scales out when the replicas' batches overflow.
+    overflowing = [concurrency_sample(f"p{i}", 96, 40) for i in range(4)]
+    assert decide(overflowing, 4, seed_history(4, 0), spec, 15.0).replicas == 4  # capped at maxReplicas 4
+    roomy = AutoscalingSpec(**{**spec.__dict__, "max_replicas": 10})
+    assert decide(overflowing, 4, seed_history(4, 0), roomy, 15.0).replicas == 6   # ceil(544 / 96)
+
+
+def test_history_survives_a_restart_through_the_status() -> None:
+    """The new operator reads the windows from status.autoscaler: a scale-down the old
+    one had nearly waited out happens on time, not a full window later."""
+    from pagefleet.operator import status as st
+    from pagefleet.operator.autoscale import history_from_status, history_to_status
+
+    fleet = Fleet(POLICY, t0=1_000_000.0)
+    fleet.step(1_000_000.0, 14)                     # 3 replicas
+    for t in range(1_000_015, 1_000_300, 15):
+        fleet.step(float(t), 0)
+    assert fleet.replicas == 3
+    saved = {"autoscaler": history_to_status(fleet.history, fleet.scale_ups, st.to_iso)}
+    restored, ups = history_from_status(saved, st.from_iso)
+    assert restored == fleet.history
+    t = 1_000_301.0                                 # the recommendation of 3 left the window
+    assert decide(ready(0, 0, 0), 3, restored, POLICY, t, ups).replicas == 1
+    # What a restart without the history would do (seed_history): hold 3 for 300 s more.
+    assert decide(ready(0, 0, 0), 3, seed_history(3, t - 15), POLICY, t).replicas == 3
+    assert history_from_status({}, st.from_iso) is None
+    assert history_from_status({"autoscaler": {"recommendations": [{"time": "garbage", "replicas": 1}]}},
+                               st.from_iso) is None
+
+
+def test_the_stored_history_is_refreshed_not_rewritten_every_round() -> None:
+    from pagefleet.operator import status as st
+    from pagefleet.operator.autoscale import history_to_status, persisted
+
+    h1 = (Recommendation(100.0, 3), Recommendation(110.0, 1))
+    old = history_to_status(h1, (), st.to_iso)
+    same_values = (Recommendation(100.0, 3), Recommendation(125.0, 1))
+    assert persisted(old, same_values, (), 125.0, 30.0, st.to_iso, st.from_iso) == old, "only a time moved"
+    assert persisted(old, same_values, (), 141.0, 30.0, st.to_iso, st.from_iso) != old, "refreshed after 30 s"
+    changed = (Recommendation(100.0, 3), Recommendation(125.0, 2))
+    assert persisted(old, changed, (), 125.0, 30.0, st.to_iso, st.from_iso)["recommendations"][-1]["replicas"] == 2

@@ -106,7 +106,9 @@ def test_cel_rule_logic() -> None:
     assert not eval_cel(rule["rule"], {"minReplicas": 5, "maxReplicas": 4})
     # With defaults applied first (as the API server does) a lone minReplicas is checked too.
     assert schema_errors({"spec": {"model": "m", "autoscaling": {"minReplicas": 6}}}) == [
-        "spec.autoscaling.minReplicas"]
+        "spec.autoscaling"]
+    # No fieldPath/reason: Kubernetes 1.27's CRD schema has neither (strict validation fails).
+    assert set(rule) == {"rule", "message"}
 
 
 def model_deployments(path: Path) -> list[dict[str, Any]]:
@@ -161,6 +163,12 @@ INVALID = [
     ({"autoscaling": {"metric": "has spaces"}}, "spec.autoscaling.metric"),
     ({"resources.memory": "lots"}, "spec.resources.memory"),
     ({"resources.gpus": -1}, "spec.resources.gpus"),
+    ({"resources.gpus": 9}, "spec.resources.gpus"),
+    ({"engine.quantization": "nf4"}, "spec.engine.quantization"),
+    ({"tolerations": [{"operator": 1}]}, "spec.tolerations.0.operator"),
+    ({"env": [{"value": "x"}]}, "spec.env.0.name"),
+    ({"topologySpreadConstraints": [{"maxSkew": "one", "topologyKey": "k", "whenUnsatisfiable": "x"}]},
+     "spec.topologySpreadConstraints.0.maxSkew"),
     ({"apiKeySecretRef": {"key": "k"}}, "spec.apiKeySecretRef.name"),
     ({"modelCache": {"mountPath": "/x"}}, "spec.modelCache.claimName"),
 ]
@@ -174,4 +182,39 @@ def test_schema_and_operator_reject_the_same_field(changes: dict[str, Any], fiel
     assert field in errors or any(field.rsplit(".", 1)[0] == e for e in errors), errors
     with pytest.raises(SpecError) as e:
         parse_spec(doc)
-    assert e.value.field == field
+    assert e.value.field == re.sub(r"\.(\d+)", r"[\1]", field)
+
+
+def _walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, schema)]
+    for key, sub in (schema.get("properties") or {}).items():
+        out += _walk(sub, f"{path}.{key}")
+    if isinstance(schema.get("items"), dict):
+        out += _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        out += _walk(schema["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_every_field_has_a_description() -> None:
+    """What `kubectl explain mdep.spec...` prints: no field without one (list items and
+    map values are described by their field)."""
+    missing = [path for path, sub in _walk(SCHEMA, "ModelDeployment")
+               if not path.endswith(("[]", "{}")) and not (sub.get("description") or "").strip()]
+    assert not missing, missing
+    assert len(_walk(SCHEMA, "ModelDeployment")) > 400, "core types (affinity, volumes...) are spelled out"
+
+
+def test_vendored_core_types_match_the_kubernetes_openapi() -> None:
+    from tests.operator import gen_coretypes
+
+    assert gen_coretypes.OUTPUT.read_text() == gen_coretypes.render(), (
+        "operator/coretypes.json drifted: run `python tests/operator/gen_coretypes.py --write`")
+
+
+def test_gpus_are_bounded_and_quantization_matches_the_server() -> None:
+    from pagefleet.server.config import QUANTIZATION_METHODS
+
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    assert (spec["resources"]["properties"]["gpus"]["minimum"], spec["resources"]["properties"]["gpus"]["maximum"]) == (0, 8)
+    assert spec["engine"]["properties"]["quantization"]["enum"] == list(QUANTIZATION_METHODS)

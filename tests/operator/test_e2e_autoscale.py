@@ -65,7 +65,7 @@ async def scaled_events(cluster: Cluster) -> list[str]:
 async def test_scales_up_at_once_and_down_after_the_window(
         cluster: Cluster, operator: str, servers: list[MetricsServer]) -> None:
     doc = next(d for d in load_example("autoscaling.yaml") if d["kind"] == crd.KIND)
-    doc["spec"]["autoscaling"].update({"minReplicas": 1, "maxReplicas": 4, "targetWaitingRequests": TARGET,
+    doc["spec"]["autoscaling"].update({"minReplicas": 1, "maxReplicas": 4, "metric": "waiting", "target": TARGET,
                                        "intervalSeconds": 1, "scaleDownStabilizationSeconds": WINDOW_S})
     doc["spec"]["servedModelName"] = "qwen2.5-7b"
     await cluster.apply(doc, NS)

@@ -97,7 +97,7 @@ async def test_sample_pods_over_real_http() -> None:
 
         pods = [loopback(good.port), loopback(garbage.port), loopback(hang_port), loopback(closed_port),
                 loopback(good.port, ready=False)]
-        samples = await sample_pods(pods, "vllm:num_requests_waiting", timeout=0.5)
+        samples = await sample_pods(pods, ("vllm:num_requests_waiting",), timeout=0.5)
         assert [(s.ready, s.value) for s in samples] == [
             (True, 6.0), (True, None), (True, None), (True, None), (False, None)]
         assert hang_started.is_set()
@@ -106,3 +106,82 @@ async def test_sample_pods_over_real_http() -> None:
         await good.stop()
         await garbage.stop()
         await runner.cleanup()
+
+
+def test_parse_metrics_reads_several_in_one_pass() -> None:
+    from pagefleet.operator.metrics import parse_metrics
+
+    text = VLLM_TEXT + 'vllm:num_requests_waiting_extra{a="}"} 100\n' + 'vllm:kv_cache_usage_perc{x="a\\"}b"} 0.5 1700000000\n'
+    assert parse_metrics(text, ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                                "vllm:kv_cache_usage_perc")) == {
+        "vllm:num_requests_waiting": 7.0, "vllm:num_requests_running": 96.0, "vllm:kv_cache_usage_perc": 0.5}
+    assert parse_metrics("vllm:num_requests_running 3\nvllm:num_requests_running{ 4\n",
+                         ("vllm:num_requests_running",)) is None, "a malformed line spoils the page"
+
+
+def test_line_parser_agrees_with_prometheus_client_on_a_server_page() -> None:
+    """On a full page as the server exports it (histograms and all), the scanner reads
+    the same sums as prometheus_client's parser."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pagefleet.operator.metrics import parse_metrics
+
+    reg = CollectorRegistry()
+    waiting = Gauge("vllm:num_requests_waiting", "w", ["model_name", "engine"], registry=reg)
+    running = Gauge("vllm:num_requests_running", "r", ["model_name", "engine"], registry=reg)
+    ttft = Histogram("vllm:time_to_first_token_seconds", "t", ["model_name"], registry=reg)
+    tokens = Counter("vllm:generation_tokens", "g", ["model_name"], registry=reg)
+    for e in ("0", "1"):
+        waiting.labels("q", e).set(3 + int(e))
+        running.labels("q", e).set(90)
+    for v in (0.01, 0.2, 3.0):
+        ttft.labels("q").observe(v)
+    tokens.labels("q").inc(1234)
+    page = generate_latest(reg).decode()
+    names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total")
+    reference: dict[str, float] = {}
+    for fam in text_string_to_metric_families(page):
+        for sample in fam.samples:
+            if sample.name in names:
+                reference[sample.name] = reference.get(sample.name, 0.0) + sample.value
+    assert parse_metrics(page, names) == reference == {
+        "vllm:num_requests_waiting": 7.0, "vllm:num_requests_running": 180.0, "vllm:generation_tokens_total": 1234.0}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_one_session_keeps_its_connections_across_rounds() -> None:
+    """The operator scrapes through one long-lived session: every round reuses the
+    keep-alive connection to a pod instead of opening a new one (and a new session)."""
+    from pagefleet.operator.metrics import new_session
+
+    peers: list[Any] = []
+
+    async def handler(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        peers.append(request.transport.get_extra_info("peername")[1])  # type: ignore[union-attr]
+        return aiohttp.web.Response(text="vllm:num_requests_waiting 1\nvllm:num_requests_running 2\n")
+    app = aiohttp.web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+    session = new_session()
+    try:
+        p = pod(ip="127.0.0.1", annotations={"prometheus.io/port": str(port)})
+        for _ in range(4):
+            (s,) = await sample_pods([p], ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                                     session=session)
+            assert s.value == 3.0 and s.values == {"vllm:num_requests_waiting": 1.0, "vllm:num_requests_running": 2.0}
+        assert len(peers) == 4 and len(set(peers)) == 1, f"a new connection per round: client ports {peers}"
+    finally:
+        await session.close()
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_scrape_errors_say_what_failed() -> None:
+    closed = free_port()
+    (s,) = await sample_pods([pod(ip="127.0.0.1", annotations={"prometheus.io/port": str(closed)})],
+                             ("vllm:num_requests_waiting",), timeout=0.5)
+    assert s.value is None and s.error and f"127.0.0.1:{closed}" in s.error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -83,10 +84,10 @@ def test_unset_engine_fields_keep_server_defaults() -> None:
 
 
 @pytest.mark.parametrize("gpus,cpu,memory,requests,limits", [
-    (1, None, None, {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"}),
-    (2, "8", "48Gi", {"nvidia.com/gpu": "2", "cpu": "8", "memory": "48Gi"},
+    (1, None, None, {"nvidia.com/gpu": "1", "ephemeral-storage": "50Gi"}, {"nvidia.com/gpu": "1"}),
+    (2, "8", "48Gi", {"nvidia.com/gpu": "2", "cpu": "8", "memory": "48Gi", "ephemeral-storage": "50Gi"},
      {"nvidia.com/gpu": "2", "memory": "48Gi"}),
-    (0, "4", "16Gi", {"cpu": "4", "memory": "16Gi"}, {"memory": "16Gi"}),
+    (0, "4", "16Gi", {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "50Gi"}, {"memory": "16Gi"}),
 ])
 def test_resources(gpus: int, cpu: str | None, memory: str | None, requests: dict[str, str],
                    limits: dict[str, str]) -> None:
@@ -123,11 +124,15 @@ def test_model_cache_pvc_mounts_where_hf_home_points() -> None:
     mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "model-cache")
     assert mount["mountPath"] == "/cache/hf"
     assert env_of(dep)["HF_HOME"] == {"name": "HF_HOME", "value": "/cache/hf"}
-    # Default mount path, and nothing at all without a cache.
+    assert "ephemeral-storage" not in container(dep)["resources"]["requests"], "the PVC holds the weights"
+    # Default mount path; without a cache, a sized emptyDir at the image's HF_HOME.
     assert env_of(render({"modelCache": {"claimName": "c"}}))["HF_HOME"]["value"] == "/models/hf-cache"
-    bare = render({})
-    assert "HF_HOME" not in env_of(bare)
-    assert [v["name"] for v in bare["spec"]["template"]["spec"]["volumes"]] == ["dshm"]
+    bare = render({"resources": {"ephemeralStorage": "80Gi"}})
+    assert env_of(bare)["HF_HOME"]["value"] == "/models/hf-cache"
+    vols = {v["name"]: v for v in bare["spec"]["template"]["spec"]["volumes"]}
+    assert list(vols) == ["dshm", "tmp", "model-cache"]
+    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "80Gi"}}
+    assert container(bare)["resources"]["requests"]["ephemeral-storage"] == "80Gi"
 
 
 def test_api_key_comes_from_the_secret_never_from_args() -> None:
@@ -177,7 +182,7 @@ def test_rollout_never_reduces_capacity() -> None:
 
 def test_labels_selectors_and_ports_line_up() -> None:
     s = parse_spec(cr({}))
-    dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s)
+    dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s, 2)
     selector = dep["spec"]["selector"]["matchLabels"]
     template_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= template_labels.items()
@@ -198,7 +203,7 @@ def test_labels_selectors_and_ports_line_up() -> None:
 
 def test_owner_references() -> None:
     s = parse_spec(cr({}))
-    for obj in (resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s)):
+    for obj in (resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s, 1)):
         assert obj["metadata"]["ownerReferences"] == [{
             "apiVersion": "pagefleet.dev/v1alpha1", "kind": "ModelDeployment", "name": "qwen",
             "uid": UID, "controller": True, "blockOwnerDeletion": True}]
@@ -261,3 +266,150 @@ def _apply_merge_patch(target: Any, patch: Any) -> Any:
         else:
             target[k] = _apply_merge_patch(target.get(k), v)
     return target
+
+
+# ------------------------------------------------------------- issue 12 / 14 / 15
+
+def test_server_pods_meet_pod_security_restricted_by_default() -> None:
+    from tests.deploy.podsecurity import restricted_violations
+
+    dep = render({})
+    pod = dep["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False, "the server needs no API token"
+    c = container(dep)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert env_of(dep)["HOME"]["value"] == "/tmp", "caches go to the /tmp emptyDir"
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    # Overrides merge key by key.
+    own = render({"podSecurityContext": {"runAsUser": 2000, "fsGroup": 3000},
+                  "securityContext": {"readOnlyRootFilesystem": False},
+                  "automountServiceAccountToken": True, "serviceAccountName": "reader"})
+    psc = own["spec"]["template"]["spec"]["securityContext"]
+    assert (psc["runAsUser"], psc["fsGroup"], psc["runAsNonRoot"]) == (2000, 3000, True)
+    assert container(own)["securityContext"]["readOnlyRootFilesystem"] is False
+    assert container(own)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert own["spec"]["template"]["spec"]["serviceAccountName"] == "reader"
+    assert own["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
+
+def test_child_names_are_valid_service_names() -> None:
+    """`qwen2.5-7b` is a valid ModelDeployment name but not a Service name."""
+    s = parse_spec(cr({}, name="qwen2.5-7b"))
+    dep, svc, pdb = resources.deployment(s, 1), resources.service(s), resources.pod_disruption_budget(s, 1)
+    for obj in (dep, svc, pdb):
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"]) and len(obj["metadata"]["name"]) <= 63
+        assert obj["metadata"]["ownerReferences"][0]["name"] == "qwen2.5-7b"
+    assert svc["metadata"]["name"].startswith("qwen2-5-7b-")
+    assert resources.endpoint(s) == f"http://{svc['metadata']['name']}.ml.svc:8000/v1"
+    assert parse_spec(cr({}, name="qwen2-5-7b")).child_name == "qwen2-5-7b", "no collision with the lookalike"
+    assert parse_spec(cr({}, name="qwen")).child_name == "qwen", "valid names are kept"
+
+
+@pytest.mark.parametrize("engine,grace", [
+    ({}, 10 + 30 + 5),
+    ({"shutdownTimeout": 120}, 10 + 120 + 5),
+    ({"extraArgs": ["--shutdown-timeout", "300"]}, 10 + 300 + 5),
+    ({"shutdownTimeout": 60, "extraArgs": ["--shutdown-timeout=90.5"]}, 10 + 91 + 5),  # last one wins
+])
+def test_grace_period_follows_the_effective_shutdown_timeout(engine: dict[str, Any], grace: int) -> None:
+    dep = render({"engine": engine})
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+
+
+def test_tensor_parallel_from_the_gpu_count() -> None:
+    from pagefleet.server.cli import serve_parser
+
+    dep = render({"resources": {"gpus": 4}})
+    args = container(dep)["args"]
+    assert vars(serve_parser().parse_args(args))["tensor_parallel_size"] == 4
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}, "NCCL's shared memory"
+    assert "--tensor-parallel-size" not in container(render({}))["args"], "1 GPU: the server's default"
+    given = container(render({"resources": {"gpus": 2}, "engine": {"extraArgs": ["--tensor-parallel-size=2"]}}))["args"]
+    assert given.count("--tensor-parallel-size=2") == 1 and "--tensor-parallel-size" not in given
+
+
+def test_quantization_is_rendered() -> None:
+    from pagefleet.server.cli import serve_parser
+
+    args = container(render({"engine": {"quantization": "awq"}}))["args"]
+    assert vars(serve_parser().parse_args(args))["quantization"] == "awq"
+
+
+def test_pod_knobs() -> None:
+    dep = render({
+        "imagePullSecrets": [{"name": "regcred"}], "runtimeClassName": "nvidia",
+        "podMetadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu", "pagefleet.dev/model-deployment": "evil"},
+                        "annotations": {"sidecar.istio.io/inject": "false"}},
+        "hfTokenSecretRef": {"name": "hf"},
+        "volumes": [{"name": "chat", "configMap": {"name": "templates"}}],
+        "volumeMounts": [{"name": "chat", "mountPath": "/etc/chat", "readOnly": True}],
+        "topologySpreadConstraints": [],
+    })
+    t = dep["spec"]["template"]
+    assert t["spec"]["imagePullSecrets"] == [{"name": "regcred"}] and t["spec"]["runtimeClassName"] == "nvidia"
+    assert t["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert t["metadata"]["labels"]["pagefleet.dev/model-deployment"] == "qwen", "the selector label is the operator's"
+    assert t["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert env_of(dep)["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    assert {"name": "chat", "configMap": {"name": "templates"}} in t["spec"]["volumes"]
+    assert {"name": "chat", "mountPath": "/etc/chat", "readOnly": True} in container(dep)["volumeMounts"]
+    assert "topologySpreadConstraints" not in t["spec"], "[] turns the default spread off"
+    (spread,) = render({})["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == resources.selector_labels("qwen")
+
+
+@pytest.mark.parametrize("modes,strategy", [
+    (["ReadWriteMany"], {"maxUnavailable": 0, "maxSurge": 1}),
+    (["ReadOnlyMany"], {"maxUnavailable": 0, "maxSurge": 1}),
+    (["ReadWriteOnce"], {"maxUnavailable": 1, "maxSurge": 0}),
+    (["ReadWriteOncePod"], {"maxUnavailable": 1, "maxSurge": 0}),
+    (None, {"maxUnavailable": 1, "maxSurge": 0}),          # PVC unreadable: the safe choice
+])
+def test_rollout_strategy_follows_the_cache_access_mode(modes: list[str] | None, strategy: dict[str, int]) -> None:
+    s = parse_spec(cr({"modelCache": {"claimName": "c"}}))
+    assert resources.deployment(s, 2, modes)["spec"]["strategy"]["rollingUpdate"] == strategy
+
+
+@pytest.mark.parametrize("spec,replicas,budget", [
+    ({}, 1, {"minAvailable": 1}),                       # a drain never takes the only replica
+    ({}, 0, {"minAvailable": 1}),
+    ({}, 2, {"maxUnavailable": 1}),
+    ({"disruption": {"maxUnavailable": 2}}, 4, {"maxUnavailable": 2}),
+    ({"disruption": {"evictLastReplica": True}}, 1, {"maxUnavailable": 1}),   # the opt-in
+])
+def test_pdb_never_takes_a_single_replica_offline_without_opt_in(spec: dict[str, Any], replicas: int,
+                                                                  budget: dict[str, int]) -> None:
+    pdb = resources.pod_disruption_budget(parse_spec(cr(spec)), replicas)
+    assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == budget
+
+
+def test_oom_override_is_rendered_last() -> None:
+    import dataclasses
+
+    from pagefleet.server.cli import serve_parser
+
+    s = parse_spec(cr({"engine": {"gpuMemoryUtilization": 0.9, "extraArgs": ["--gpu-memory-utilization", "0.95"]}}))
+    s = dataclasses.replace(s, gpu_memory_utilization_override=0.85)
+    args = container(resources.deployment(s, 1))["args"]
+    assert vars(serve_parser().parse_args(args))["gpu_memory_utilization"] == 0.85
+
+
+def test_in_sync_and_frozen_template() -> None:
+    s = parse_spec(cr({}))
+    desired = resources.deployment(s, 2)
+    live = resources.with_last_applied(desired)
+    live["spec"]["template"]["spec"]["schedulerName"] = "default-scheduler"   # API server defaults
+    live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+    live["status"] = {"replicas": 2}
+    assert resources.in_sync(live, desired)
+    edited = copy.deepcopy(live)
+    edited["spec"]["template"]["spec"]["containers"][0]["args"].append("--enforce-eager")
+    assert not resources.in_sync(edited, desired), "a hand edit is drift"
+    # The template applied for this spec hash is re-used as applied (an operator
+    # upgrade with new defaults does not roll the pods).
+    frozen = resources.frozen_template(live, s.spec_hash)
+    assert frozen == desired["spec"]["template"]
+    assert resources.frozen_template(live, "another-spec") is None

@@ -17,7 +17,7 @@ def test_defaults_match_the_crd() -> None:
     s = parse_spec(cr({"model": "org/model", "autoscaling": {"enabled": True}}))
     assert (s.served_model_name, s.image, s.replicas, s.resources.gpus) == ("org/model", DEFAULT_IMAGE, 1, 1)
     assert s.autoscaling == AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=4,
-                                            target_waiting_requests=5, metric="vllm:num_requests_waiting",
+                                            metric="concurrency", target=256,
                                             scale_up_stabilization_seconds=0,
                                             scale_down_stabilization_seconds=300, interval_seconds=15)
     assert s.engine == {} and s.extra_args == ()
@@ -47,6 +47,40 @@ INVALID = [
      "must be true or false"),
     ({"model": "m", "engine": {"extraArgs": ["--port", "9000"]}}, "spec.engine.extraArgs", "must not set --port"),
     ({"model": "m", "engine": {"extraArgs": ["--api-key=x"]}}, "spec.engine.extraArgs", "must not set --api-key"),
+    # argparse would read these as --port / --served-model-name; the server's parser
+    # (allow_abbrev=False) refuses them, and so does the operator, on the parsed result.
+    ({"model": "m", "engine": {"extraArgs": ["--po", "9000"]}}, "spec.engine.extraArgs", "unrecognized arguments: --po"),
+    ({"model": "m", "engine": {"extraArgs": ["--served-model", "x"]}}, "spec.engine.extraArgs", "unrecognized"),
+    ({"model": "m", "engine": {"extraArgs": ["--config", "/etc/x.yaml"]}}, "spec.engine.extraArgs", "must not set --config"),
+    ({"model": "m", "engine": {"extraArgs": ["other-model"]}}, "spec.engine.extraArgs", "positional"),
+    ({"model": "m", "engine": {"extraArgs": ["--max-num-seqs", "many"]}}, "spec.engine.extraArgs", "invalid int"),
+    ({"model": "m", "resources": {"gpus": 4}, "engine": {"extraArgs": ["--tensor-parallel-size", "2"]}},
+     "spec.engine.extraArgs", "--tensor-parallel-size 2 must equal resources.gpus (4)"),
+    ({"model": "m", "resources": {"gpus": 9}}, "spec.resources.gpus", "must be <= 8"),
+    ({"model": "m", "engine": {"quantization": "int3"}}, "spec.engine.quantization", "must be one of fp8, awq"),
+    ({"model": "m", "engine": {"shutdownTimeout": -1}}, "spec.engine.shutdownTimeout", "must be >= 0"),
+    ({"model": "m", "tolerations": [{"key": "gpu", "tolerationSeconds": "long"}]},
+     "spec.tolerations[0].tolerationSeconds", "must be an integer"),
+    ({"model": "m", "affinity": {"nodeAfinity": {}}}, "spec.affinity.nodeAfinity", "is not a known field"),
+    ({"model": "m", "topologySpreadConstraints": [{"maxSkew": 1}]}, "spec.topologySpreadConstraints[0].topologyKey",
+     "is required"),
+    ({"model": "m", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"key": 3}}}]},
+     "spec.env[0].valueFrom.secretKeyRef.key", "must be a string"),
+    ({"model": "m", "volumes": [{"name": "host", "hostPath": {"path": "/"}}]}, "spec.volumes[0].hostPath",
+     "is not a known field"),
+    ({"model": "m", "volumes": [{"name": "tmp", "emptyDir": {}}]}, "spec.volumes[0].name", "the operator's volume"),
+    ({"model": "m", "volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "/w"}]},
+     "spec.volumeMounts[0].name", "no volume named 'w'"),
+    ({"model": "m", "volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]},
+     "spec.volumeMounts[0].mountPath", "the operator mounts"),
+    ({"model": "m", "podSecurityContext": {"runAsUser": "root"}}, "spec.podSecurityContext.runAsUser",
+     "must be an integer"),
+    ({"model": "m", "autoscaling": {"metric": "vllm:my_gauge"}}, "spec.autoscaling.target", "is required"),
+    ({"model": "m", "autoscaling": {"target": 4, "targetWaitingRequests": 5}},
+     "spec.autoscaling.targetWaitingRequests", "deprecated"),
+    ({"model": "m", "oomRemediation": {"floor": 1.5}}, "spec.oomRemediation.floor", "must be > 0 and <= 1"),
+    ({"model": "m", "disruption": {"maxUnavailable": 0}}, "spec.disruption.maxUnavailable", "must be >= 1"),
+    ({"model": "m", "hfTokenSecretRef": {"key": "t"}}, "spec.hfTokenSecretRef.name", "is required"),
     ({"model": "m", "replicas": -1}, "spec.replicas", "must be >= 0"),
     ({"model": "m", "autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling.minReplicas",
      "must be <= maxReplicas"),
@@ -79,3 +113,34 @@ def test_missing_or_non_object_spec() -> None:
         parse_spec({"metadata": {"name": "m"}})
     with pytest.raises(SpecError, match="^spec: must be an object"):
         parse_spec(cr(["model"]))
+
+
+def test_extra_args_the_server_accepts_pass() -> None:
+    s = parse_spec(cr({"model": "m", "resources": {"gpus": 2}, "engine": {"extraArgs": [
+        "--enforce-eager", "--seed=7", "--disable-log-requests", "--tensor-parallel-size", "2"]}}))
+    assert s.extra_args[0] == "--enforce-eager"
+
+
+@pytest.mark.parametrize("autoscaling,metric,target", [
+    ({}, "concurrency", 256.0),                                       # the server's max-num-seqs
+    ({"metric": "waiting"}, "waiting", 5.0),
+    ({"metric": "kvCacheUsage"}, "kvCacheUsage", 0.8),
+    ({"targetWaitingRequests": 3}, "waiting", 3.0),                    # the first release's field
+    ({"metric": "vllm:num_requests_waiting", "targetWaitingRequests": 2}, "vllm:num_requests_waiting", 2.0),
+    ({"metric": "vllm:my_gauge", "target": 7}, "vllm:my_gauge", 7.0),
+])
+def test_autoscaling_metric_and_target(autoscaling: dict[str, Any], metric: str, target: float) -> None:
+    a = parse_spec(cr({"model": "m", "autoscaling": {"enabled": True, **autoscaling}})).autoscaling
+    assert (a.metric, a.target) == (metric, target)
+
+
+def test_concurrency_target_follows_max_num_seqs() -> None:
+    assert parse_spec(cr({"model": "m", "engine": {"maxNumSeqs": 96}})).autoscaling.target == 96
+    assert parse_spec(cr({"model": "m", "engine": {"maxNumSeqs": 96, "extraArgs": ["--max-num-seqs", "32"]}})
+                      ).autoscaling.target == 32, "extraArgs come last, so they win"
+
+
+def test_spec_hash_ignores_what_only_sizes_the_fleet() -> None:
+    base = parse_spec(cr({"model": "m", "replicas": 1})).spec_hash
+    assert parse_spec(cr({"model": "m", "replicas": 5, "autoscaling": {"enabled": True}})).spec_hash == base
+    assert parse_spec(cr({"model": "m", "engine": {"maxModelLen": 8}})).spec_hash != base

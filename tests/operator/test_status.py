@@ -41,13 +41,36 @@ def test_deployment_conditions(deployment: dict[str, Any] | None, desired: int,
     assert by_type(status.deployment_conditions(deployment, desired)) == expected
 
 
-def test_error_conditions_keep_the_running_truth() -> None:
-    conds = by_type(status.error_conditions("InvalidSpec", "spec.model: is required", dep(2, 2, 2), 2))
-    assert conds["Degraded"] == ("True", "InvalidSpec")
-    assert conds["Available"] == ("True", "MinimumReplicasAvailable")
-    conds = by_type(status.error_conditions("InvalidSpec", "m", None, 0))
-    assert conds == {"Available": ("False", "InvalidSpec"), "Progressing": ("False", "InvalidSpec"),
-                     "Degraded": ("True", "InvalidSpec")}
+def test_failures_are_degraded_and_stalled_and_keep_the_running_truth() -> None:
+    refused = status.Failure("ApplyFailed", "POST services: HTTP 422: invalid name", stalled=True)
+    conds = by_type(status.conditions(deployment=dep(2, 2, 2), desired=2, failure=refused, current=False))
+    assert conds["Degraded"] == ("True", "ApplyFailed")
+    assert conds["Stalled"] == ("True", "ApplyFailed")
+    assert conds["Ready"] == ("False", "ApplyFailed")
+    assert conds["Available"] == ("True", "MinimumReplicasAvailable"), "the old pods still serve"
+    conds = by_type(status.conditions(deployment=None, desired=0,
+                                      failure=status.Failure("InvalidSpec", "m", True), current=False))
+    assert conds["Available"] == ("False", "InvalidSpec") and conds["Stalled"] == ("True", "InvalidSpec")
+    # A transient failure (conflict, throttling) is Reconciling, not Stalled.
+    retry = status.Failure("ApplyFailed", "HTTP 409", stalled=False)
+    conds = by_type(status.conditions(deployment=dep(1, 1, 1), desired=1, failure=retry, current=False))
+    assert conds["Reconciling"] == ("True", "Retrying") and conds["Stalled"][0] == "False"
+
+
+@pytest.mark.parametrize("deployment,desired,current,ready,reconciling,stalled", [
+    (dep(2, 2, 2), 2, True, ("True", "Ready"), ("False", "AsExpected"), ("False", "AsExpected")),
+    (dep(2, 2, 2), 2, False, ("False", "Applying"), ("True", "Applying"), ("False", "AsExpected")),
+    (dep(2, 1, 2), 2, True, ("False", "RolloutInProgress"), ("True", "RolloutInProgress"),
+     ("False", "AsExpected")),
+    (dep(2, 1, 1, stalled=True), 2, True, ("False", "ProgressDeadlineExceeded"), ("False", "AsExpected"),
+     ("True", "ProgressDeadlineExceeded")),
+    (dep(0, 0, 0), 0, True, ("True", "Ready"), ("False", "AsExpected"), ("False", "AsExpected")),
+])
+def test_kstatus_conditions(deployment: dict[str, Any], desired: int, current: bool, ready: tuple[str, str],
+                            reconciling: tuple[str, str], stalled: tuple[str, str]) -> None:
+    """Ready/Reconciling/Stalled as Flux's kstatus reads them."""
+    conds = by_type(status.conditions(deployment=deployment, desired=desired, failure=None, current=current))
+    assert (conds["Ready"], conds["Reconciling"], conds["Stalled"]) == (ready, reconciling, stalled)
 
 
 def test_transition_time_changes_only_on_flips() -> None:
@@ -61,18 +84,19 @@ def test_transition_time_changes_only_on_flips() -> None:
 
 
 def test_build_status_fields() -> None:
-    new = status.build_status(old={"lastScaleTime": "t0", "waitingRequests": 9, "endpoint": "e"},
-                              generation=None, deployment=dep(3, 2, 3), desired=3, waiting=14.0,
-                              selector="a=b", endpoint=None, last_scale_time=None,
-                              conditions=[status.condition("Available", True, "R", "")], now="t1")
+    old = {"lastScaleTime": "t0", "waitingRequests": 9, "endpoint": "e", "observedGeneration": 3,
+           "conditions": [status.condition("MetricsAvailable", True, "MetricsReported", "")]}
+    new = status.build_status(old=old, generation=4, deployment=dep(3, 2, 3), now="t1",
+                              conditions=[status.condition("Available", True, "R", "")],
+                              desiredReplicas=3, waitingRequests=14.0, runningRequests=status.UNSET)
     assert new["replicas"] == 3 and new["readyReplicas"] == 2 and new["desiredReplicas"] == 3
     assert new["waitingRequests"] == 14 and isinstance(new["waitingRequests"], int)
-    assert (new["selector"], new["endpoint"], new["lastScaleTime"]) == ("a=b", "e", "t0"), "unknowns keep old values"
-    assert "observedGeneration" not in new
-    with_gen = status.build_status(old=None, generation=4, deployment=None, desired=None, waiting=2.5,
-                                   selector=None, endpoint=None, last_scale_time=None, conditions=[], now="t")
-    assert with_gen["observedGeneration"] == 4 and with_gen["waitingRequests"] == 2.5
-    assert with_gen["replicas"] == 0 and "desiredReplicas" not in with_gen
+    assert (new["endpoint"], new["lastScaleTime"]) == ("e", "t0"), "fields not given keep their value"
+    assert new["observedGeneration"] == 3, "only the caller that applied generation 4 may say so"
+    assert [c["type"] for c in new["conditions"]] == ["Available", "MetricsAvailable"], "others' conditions kept"
+    gone = status.build_status(old=new, generation=None, now="t2", conditions=[], waitingRequests=status.UNSET)
+    assert "waitingRequests" not in gone, "an unknown value is dropped, not left stale"
+    assert status.status_patch(new, gone)["waitingRequests"] is None
 
 
 def test_same_status_ignores_only_timestamps() -> None:
@@ -81,3 +105,16 @@ def test_same_status_ignores_only_timestamps() -> None:
     assert status.same_status(a, b)
     assert not status.same_status(a, {**b, "replicas": 2})
     assert not status.same_status(None, b)
+
+
+def test_status_patch_nulls_nested_keys_that_went_away() -> None:
+    old = {"oomRemediation": {"specHash": "a", "gpuMemoryUtilization": 0.85}, "waitingRequests": 3}
+    new = {"oomRemediation": {"specHash": "b"}}
+    assert status.status_patch(old, new) == {"oomRemediation": {"specHash": "b", "gpuMemoryUtilization": None},
+                                             "waitingRequests": None}
+
+
+def test_a_condition_that_no_longer_applies_is_dropped() -> None:
+    old = {"conditions": [status.condition("CacheShared", False, "SingleNodeAccessMode", "")]}
+    new = status.build_status(old=old, generation=None, now="t", conditions=[], drop=("CacheShared",))
+    assert new["conditions"] == []

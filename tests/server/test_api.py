@@ -274,10 +274,16 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 5}, "top_p"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 3, "best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 50}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}},
+     "response_format.json_schema"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "tool_choice": "auto", "tools": [{"type": "function", "function": {
+                                  "name": "f"}}]}, "tool_choice"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, "stop_token_ids"),
     ("/v1/completions", {"prompt": [10**7, 1]}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
@@ -313,7 +319,7 @@ def test_malformed_bodies_400(srv):
         r = httpx.post(srv.url + "/v1/chat/completions", content=raw,
                        headers={**AUTH, "Content-Type": "application/json"})
         assert_error(r, 400)
-    assert_error(httpx.post(srv.url + "/detokenize", json={"tokens": [-1]}), 400, "tokens")
+    assert_error(httpx.post(srv.url + "/detokenize", json={"tokens": [-1]}), 400, "tokens.0")
     assert_error(httpx.post(srv.url + "/tokenize", json={}), 400)
     assert_error(httpx.get(srv.url + "/v1/nothing-here", headers=AUTH), 404)
 

@@ -53,3 +53,11 @@ def test_low_free_gpu_memory_at_startup_is_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (130 * gib, 140 * gib))
     r._check_free_memory()
     assert r._mem_at_start[0] == 130 * gib
+
+
+def test_decode_graph_context_buckets():
+    """Small decode batches get a graph per context bucket (so a short context does not
+    launch a long one's split-K programs); the widths are in blocks."""
+    assert runner_mod.context_buckets(32768, 16) == [128, 512, 2048]
+    assert runner_mod.context_buckets(2048, 16) == [128]
+    assert runner_mod.context_buckets(5000, 32) == [64, 157]

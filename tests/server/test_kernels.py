@@ -251,6 +251,35 @@ def test_silu_and_mul(dtype, shape):
 
 # -- the whole model on Triton ops ------------------------------------------------------------
 
+@pytest.mark.parametrize("penalties", [True, False])
+def test_penalize_and_scale_matches_twin(penalties):
+    """The fused sampling prologue equals the sampler's twin (penalties, then the
+    division by the temperature), rows gathered by slot, vocab not a block multiple."""
+    from pagefleet.server.engine.sampler import apply_penalties
+    from pagefleet.server.ops.triton_sampling import penalize_and_scale
+
+    g = torch.Generator().manual_seed(3)
+    slots_total, vocab, rows = 6, 2500, 4
+    logits = torch.randn(rows, vocab, generator=g) * 4
+    mask = torch.rand(slots_total, vocab, generator=g) < 0.1
+    counts = (torch.rand(slots_total, vocab, generator=g) < 0.05).int() * torch.randint(
+        1, 4, (slots_total, vocab), generator=g, dtype=torch.int32)
+    params = torch.zeros(slots_total, 8)
+    params[:, 0] = torch.tensor([0.7, 1.0, 1.3, 0.5, 2.0, 1.0])         # temperature
+    params[:, 4] = torch.tensor([1.05, 1.0, 1.5, 0.9, 1.2, 2.0])        # repetition
+    params[:, 5] = torch.tensor([0.0, 0.5, 0.2, 0.0, 1.0, 0.0])         # frequency
+    params[:, 6] = torch.tensor([0.3, 0.0, 0.1, 0.0, 0.0, 1.5])         # presence
+    slots = torch.tensor([4, 0, 5, 2])
+    p = params[slots]
+    ref = logits.clone()
+    if penalties:
+        ref = apply_penalties(ref, mask[slots], counts[slots], p[:, 4], p[:, 5], p[:, 6])
+    ref = ref / p[:, 0:1]
+    out = penalize_and_scale(logits.clone().to(DEV), mask.to(DEV), counts.to(DEV),
+                             slots.to(DEV), params.to(DEV), (0, 4, 5, 6), penalties)
+    assert rel_err(out.cpu(), ref) < 1e-6
+
+
 def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
     """A tiny qwen3 (q/k norm, GQA) run end to end on TritonOps (interpreted, float32)
     gives the torch path's greedy tokens, with prefix hits and chunked prefill."""

@@ -185,7 +185,7 @@ def test_min_tokens_masks_eos_and_stop_tokens():
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
                                          ("top_k", -3), ("min_p", 2), ("max_tokens", 0),
                                          ("presence_penalty", 3), ("repetition_penalty", 0),
-                                         ("logprobs", 50), ("n", 2)])
+                                         ("logprobs", -1), ("n", 2)])
 def test_bad_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as e:
         SamplingParams(**{field: value})

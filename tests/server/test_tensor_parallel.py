@@ -132,6 +132,45 @@ def test_gptq_act_order_is_refused_with_tp(tmp_path):
         LLM(qdir, tensor_parallel_size=2)
 
 
+def test_tp2_sampling_and_logprobs_match_tp1(tiny_models):
+    """What only rank 0 does (seeded sampling, penalties, logprobs) and what every rank
+    must join (prompt logprobs: their logits are gathered too) give TP=1's results,
+    with 40-token chunks so prompt logprobs span several steps."""
+    model_dir = tiny_models("qwen3")
+    prompts = random_prompts(21, [30, 90, 5], 512)
+    params = [SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=20,
+                             ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=1.0, top_k=20, seed=5, repetition_penalty=1.3,
+                             max_tokens=16, ignore_eos=True, prompt_logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1,
+                             prompt_logprobs=0)]
+    settings = dict(max_model_len=512, max_num_seqs=4, kv_cache_memory=8 << 20,
+                    max_num_batched_tokens=40)
+    one = LLM(model_dir, **settings).generate(prompts, params)
+    llm = LLM(model_dir, tensor_parallel_size=2, **settings)
+    try:
+        two = llm.generate(prompts, params)
+    finally:
+        llm.shutdown()
+    assert tokens(two) == tokens(one)
+    assert sum(len(set(t)) for t in tokens(one)) > 30
+
+    def close(a, b):   # logprob dicts: the same tokens, values equal up to rounding
+        return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
+    for x, y in zip(one, two):
+        for a, b in zip(x.outputs[0].logprobs or [], y.outputs[0].logprobs or []):
+            assert close(_lp(a), _lp(b))
+        assert (x.prompt_logprobs is None) == (y.prompt_logprobs is None)
+        for a, b in zip(x.prompt_logprobs or [], y.prompt_logprobs or []):
+            assert (a is None and b is None) or close(_lp(a), _lp(b))
+    assert len(two[1].prompt_logprobs) == 90
+
+
+def _lp(d: dict) -> dict:
+    """{token: logprob} whatever the entry type (float or an object with .logprob)."""
+    return {k: getattr(v, "logprob", v) for k, v in d.items()}
+
+
 # -- loading: each rank its shard, and only that ------------------------------------------
 
 H, INTER, LAYERS, HEADS, KV = 768, 768 * 2 + 32, 6, 12, 2

@@ -51,6 +51,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.serverImage.repository (default .Chart.AppVersion .Values.serverImage.tag) -}}
 {{- end -}}
 
+{{/* Namespace patterns (globs) in operator.watchNamespaces: kopf then scans. */}}
+{{- define "pagefleet.hasGlobs" -}}
+{{- range .Values.operator.watchNamespaces -}}{{- if contains "*" . -}}true{{- end -}}{{- end -}}
+{{- end -}}
+
 {{/* Fail early on combinations the schema cannot express. */}}
 {{- define "pagefleet.validate" -}}
 {{- if and .Values.rbac.namespaced (not .Values.operator.watchNamespaces) -}}
@@ -66,6 +71,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.peering.enabled) -}}
 {{- fail "operator.replicas > 1 needs peering.enabled=true (otherwise every replica acts)" -}}
 {{- end -}}
+{{- if gt (int .Values.operator.replicas) 1 -}}
+{{- range .Values.operator.extraArgs -}}
+{{- if and (hasPrefix "--priority" .) (ne . "--priority=auto") -}}
+{{- fail (printf "operator.extraArgs %q with operator.replicas > 1: every replica would get the same priority, and kopf pauses all operators on a tie; leave --priority out (each replica then gets its own)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.networkPolicy.enabled (not (or .Values.networkPolicy.namespaces .Values.operator.watchNamespaces)) -}}
+{{- fail "networkPolicy.enabled=true needs networkPolicy.namespaces (or operator.watchNamespaces): the namespaces of the model servers" -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -74,29 +89,34 @@ RBAC rules for namespaced resources: exactly the calls the operator makes
 See docs/deploy.md for the reason of each rule.
 */}}
 {{- define "pagefleet.namespacedRules" -}}
-# kopf: list+watch the ModelDeployments, patch them (finalizer, progress annotations).
+# kopf: list+watch the ModelDeployments, patch them (finalizer, progress annotations);
+# controller.reconcile(fresh=True) reads one anew before a reconcile it triggers itself.
 - apiGroups: ["pagefleet.dev"]
   resources: ["modeldeployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # controller.write_status: status subresource.
 - apiGroups: ["pagefleet.dev"]
   resources: ["modeldeployments/status"]
   verbs: ["patch"]
-# controller.apply / cleanup / evaluate (scale): the children of a ModelDeployment.
+# controller.apply / cleanup / evaluate (scale), and the watches that repair drift.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch", "delete"]
-# controller.evaluate: find the server pods to scrape their /metrics.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The pod cache: the server pods to scrape and their OOM exits.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
-# Events on ModelDeployments (scales, invalid specs; kopf's warnings).
+  verbs: ["list", "watch"]
+# controller.cache_access_modes: the model cache PVC's access modes (rollout strategy).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
+# Events on ModelDeployments (scales, invalid specs, OOM remediation; kopf's warnings).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
@@ -112,14 +132,16 @@ See docs/deploy.md for the reason of each rule.
 {{- end }}
 {{- end -}}
 
-{{/* Cluster-scoped reads kopf needs in every mode. */}}
+{{/* Cluster-scoped reads kopf needs when it scans: all namespaces, or globs. */}}
 {{- define "pagefleet.clusterRules" -}}
+{{- if or (not .Values.operator.watchNamespaces) (include "pagefleet.hasGlobs" .) }}
 # kopf: observe CRDs (discovery of the ModelDeployment resource as it appears).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if .Values.operator.watchNamespaces }}
-# kopf: resolve the watched namespaces (patterns like team-*) when not cluster-wide.
+{{- end }}
+{{- if include "pagefleet.hasGlobs" . }}
+# kopf: resolve the namespace patterns (team-*).
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]

@@ -1,0 +1,158 @@
+"""Several operator replicas (issue 12, finding 1): two real `pagefleet operator`
+processes with the chart's defaults (peering on, no --priority): exactly one acts,
+and after it is killed the other takes over within the peering lifetime. Also: an
+operator upgrade does not roll running fleets (finding 13)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+
+from pagefleet.operator import crd
+from tests.operator.harness import Cluster, load_example, operator_run
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+LIFETIME_S = 5
+PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings/pagefleet"
+
+
+def register_peering(cluster: Cluster) -> None:
+    for plural, kind, namespaced in (("clusterkopfpeerings", "ClusterKopfPeering", False),
+                                     ("kopfpeerings", "KopfPeering", True)):
+        cluster.emulator.resources[f"kopf.dev/v1/{plural}"] = kmock.ResourceInfo(
+            kind=kind, singular=kind.lower(), namespaced=namespaced,
+            verbs={"create", "delete", "get", "list", "patch", "update", "watch"})
+
+
+def kubeconfig(cluster: Cluster, path: Path, token: str) -> Path:
+    """The same API, but a user of its own: the emulator records who sent each request."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": cluster.url}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+def writes_by(cluster: Cluster, token: str) -> list[str]:
+    """Every write the operator with `token` made, apart from its peering record."""
+    out = []
+    for r in cluster.emulator:
+        if r.headers.get("Authorization") == f"Bearer {token}" and r.method.value in ("POST", "PATCH", "PUT", "DELETE"):
+            if "/kopf.dev/" not in str(r.url):
+                out.append(f"{r.method.value} {r.url.path}")
+    return out
+
+
+async def peers(cluster: Cluster) -> dict[str, Any]:
+    return ((await cluster.kube.get(PEERING)) or {}).get("status") or {}
+
+
+async def test_exactly_one_of_two_acts_and_the_other_takes_over(cluster: Cluster, tmp_path: Path) -> None:
+    register_peering(cluster)
+    ns = "ha"
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    doc["spec"]["autoscaling"] = {"intervalSeconds": 1}   # the daemon acts every second
+    flags = ("--peering-lifetime", str(LIFETIME_S))
+    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", "op-a")
+    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", "op-b")
+    async with operator_run(cluster, tmp_path / "a.log", *flags,
+                            env={"POD_NAME": "op-a", "KUBECONFIG": str(a_cfg)}) as a:
+        await cluster.wait_for(lambda: _has_peer(cluster, "op-a/"), "op-a in the peering")
+        async with operator_run(cluster, tmp_path / "b.log", *flags,
+                                env={"POD_NAME": "op-b", "KUBECONFIG": str(b_cfg)}) as b:
+            status = await cluster.wait_for(lambda: _both(cluster), "both replicas in the peering")
+            prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
+            assert prio["op-a"] > prio["op-b"], "distinct priorities, the first registered highest"
+            # Peering is mandatory once the peering object exists: op-b starts paused and
+            # stays so, since it sees op-a's higher priority (kopf logs only the resume).
+            assert "Resuming operations" in a.log()
+
+            await cluster.apply(doc, ns)
+            await cluster.wait_object("Deployment", ns, "qwen-short")
+            async def created_events() -> list[dict[str, Any]]:
+                return [e for e in await cluster.events(ns, "qwen-short") if e["reason"] == "Created"]
+            created = await cluster.wait_for(created_events, "the Created Event")
+            assert [e["reportingInstance"].split("/")[0] for e in created] == ["op-a"]
+            seen = len(cluster.history(crd.KIND, ns, "qwen-short"))
+            await cluster.wait_for(lambda: _grew(cluster, ns, seen), "op-a's daemon to keep writing the status")
+            assert writes_by(cluster, "op-a"), "op-a acts"
+            assert writes_by(cluster, "op-b") == [], "op-b must not act while op-a is alive"
+            assert "Resuming operations" not in b.log()
+
+            a.kill()   # no clean exit: its peering record stays until it expires
+            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
+
+            def takes_over(d: dict[str, Any]) -> bool:
+                return "2048" in d["spec"]["template"]["spec"]["containers"][0]["args"]
+            # The bound: op-a's record lives LIFETIME_S after its last keep-alive (every
+            # second with this lifetime); op-b then resumes and handles the change.
+            await asyncio.wait_for(cluster.wait_object("Deployment", ns, "qwen-short", takes_over,
+                                                       "op-b to apply the change", timeout=LIFETIME_S + 25),
+                                   LIFETIME_S + 30)
+            assert "Resuming operations" in b.log()
+            assert writes_by(cluster, "op-b")
+
+
+async def _has_peer(cluster: Cluster, prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in await peers(cluster))
+
+
+async def _both(cluster: Cluster) -> dict[str, Any] | None:
+    status = await peers(cluster)
+    names = {k.split("/")[0] for k in status}
+    return status if {"op-a", "op-b"} <= names else None
+
+
+def sync(fn: Any) -> Any:
+    """A plain predicate as the coroutine function Cluster.wait_for polls."""
+    async def probe() -> Any:
+        return fn()
+    return probe
+
+
+def _reads_of(cluster: Cluster, token: str, path: str) -> int:
+    return sum(1 for r in cluster.emulator if r.headers.get("Authorization") == f"Bearer {token}"
+               and r.method.value == "GET" and str(r.url.path).endswith(path))
+
+
+async def _grew(cluster: Cluster, ns: str, seen: int) -> bool:
+    return len(cluster.history(crd.KIND, ns, "qwen-short")) >= seen + 2
+
+
+async def test_an_operator_upgrade_does_not_roll_running_fleets(cluster: Cluster, tmp_path: Path) -> None:
+    """Finding 13: pods keep the image (and template) they were rendered with until
+    the ModelDeployment changes, whatever the new operator's --server-image."""
+    ns = "upgrade"
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    doc["spec"]["autoscaling"] = {"intervalSeconds": 1}
+    async with operator_run(cluster, tmp_path / "v1.log", "--standalone", "--server-image", "reg/pagefleet:1"):
+        await cluster.apply(doc, ns)
+        dep = await cluster.wait_object("Deployment", ns, "qwen-short")
+        md = await cluster.wait_object(crd.KIND, ns, "qwen-short",
+                                       lambda o: "serverImage" in (o.get("status") or {}))
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/pagefleet:1"
+    assert md["status"]["serverImage"] == "reg/pagefleet:1"
+    versions = len(cluster.history("Deployment", ns, "qwen-short"))
+    v2_cfg = kubeconfig(cluster, tmp_path / "v2.kubeconfig", "v2")
+    async with operator_run(cluster, tmp_path / "v2.log", "--standalone", "--server-image", "reg/pagefleet:2",
+                            env={"KUBECONFIG": str(v2_cfg)}):
+        # Its resume handler and a few evaluations (each reads the Deployment and
+        # checks it for drift).
+        await cluster.wait_for(sync(lambda: _reads_of(cluster, "v2", f"/namespaces/{ns}/deployments/qwen-short") >= 3),
+                               "the new operator's evaluations")
+        dep = await cluster.get("Deployment", ns, "qwen-short")
+        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/pagefleet:1"
+        assert len(cluster.history("Deployment", ns, "qwen-short")) == versions, "the resume did not touch it"
+        # A change of the spec renders with the running operator's defaults.
+        await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxNumSeqs": 64}}})
+        dep = await cluster.wait_object("Deployment", ns, "qwen-short", lambda d: d["spec"]["template"]["spec"]
+                                        ["containers"][0]["image"] == "reg/pagefleet:2", "the new image")
+        md = await cluster.wait_object(crd.KIND, ns, "qwen-short",
+                                       lambda o: o["status"].get("serverImage") == "reg/pagefleet:2")
+
