@@ -236,17 +236,14 @@ class _Workers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-            for f in (proc.stdin,):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
         self.procs.clear()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(2)
-        for s in [self.events, *self.step_socks]:
-            s.close(linger=0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)   # every socket, even if the watchdog still holds one
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -266,8 +263,9 @@ class TPDriver(ModelRunner):
             torch.cuda.set_device(device)
         self.workers = _Workers(n)
         self._finalizer = weakref.finalize(self, self.workers.stop)
-        self._last_tail = (-1, 0)
-        self._step_used = 0
+        self._last_tail = (-1, 0)     # (staging handle, count) of the sampled tokens copied
+        self._step_used = 0           # i64 elements of the staging buffer the step broadcasts
+        self._step_spans: list = []
         self._enc = msgspec.msgpack.Encoder()
         try:
             store = make_store(0, n)

@@ -337,6 +337,20 @@ def test_offline_engine_raises_when_a_worker_dies(tiny_models):
         llm.shutdown()
 
 
+def test_a_config_error_on_every_rank_stops_startup_cleanly(tiny_models, caplog):
+    """KV sizing fails on every rank alike: the user gets that ConfigError (not a
+    worker-died error), and the worker is gone."""
+    caplog.set_level(logging.INFO, logger="pagefleet")
+    with pytest.raises(ConfigError, match="fewer than one request of --max-model-len 2048"):
+        LLM(tiny_models("qwen3"), tensor_parallel_size=2, max_model_len=2048,
+            kv_cache_memory=64 << 10)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    pid = int(re.search(r"worker rank 1 started \(pid (\d+)\)", text).group(1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "cannot continue" not in text
+
+
 # -- startup checks and flags -----------------------------------------------------------
 
 def test_startup_checks_speak_vllms_words(tiny_models):
