@@ -88,12 +88,14 @@ def phase_parity() -> dict:
         "chunked_mixed": dict(max_num_seqs=8, max_num_batched_tokens=96),
         "eager": dict(max_num_seqs=8, max_num_batched_tokens=256, enforce_eager=True),
         "sync": dict(max_num_seqs=8, max_num_batched_tokens=256, async_scheduling=False),
-        "preempt": dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=80),
+        # 80 blocks of 16 hold 1,280 tokens: the 9 prompts cannot all stay resident.
+        "preempt": dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=80,
+                        max_model_len=1024),
     }
     for name, kw in cases.items():
         t0 = time.time()
-        llm = LLM(str(SMALL), dtype="float32", max_model_len=2048,
-                  gpu_memory_utilization=0.3, **kw)
+        llm = LLM(str(SMALL), dtype="float32", **{"max_model_len": 2048, **kw},
+                  gpu_memory_utilization=0.3)
         first = llm.generate(prompts[:6], greedy)
         rest = llm.generate(prompts[6:], greedy)
         got = [o.outputs[0].token_ids for o in first + rest]
@@ -157,14 +159,14 @@ def phase_server() -> dict:
                     async with c.stream("POST", url + "/v1/completions", json=body) as r:
                         return r.status_code, (await r.aread()).decode()
                 rs = await asyncio.gather(*[one(p, 64) for p in prompts])
-                chat = await c.post(url + "/v1/chat/completions", json={
-                    "model": "small", "messages": [{"role": "user", "content": "t5 t6 t7"}],
-                    "max_tokens": 8, "logprobs": True, "top_logprobs": 2})
+                chat = await c.post(url + "/v1/completions", json={
+                    "model": "small", "prompt": "t5 t6 t7", "max_tokens": 8, "logprobs": 2,
+                    "echo": True})   # the small model has no chat template
                 return rs, chat
         rs, chat = asyncio.run(streams())
         res["streams_ok"] = sum(s == 200 and b.rstrip().endswith("[DONE]") for s, b in rs)
         res["chat_status"] = chat.status_code
-        res["chat_has_logprobs"] = bool(chat.json()["choices"][0].get("logprobs"))
+        res["completion_has_logprobs"] = bool((chat.json().get("choices") or [{}])[0].get("logprobs"))
 
         async def kill_mid_stream():
             async with httpx.AsyncClient(timeout=120) as c:
@@ -237,7 +239,7 @@ def phase_steps() -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True, output_kind="final")
     sampled = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
                              max_tokens=2000, ignore_eos=True, output_kind="final")
-    for b in (1, 64, 256):
+    for b in (1, 16, 64, 256):
         res[f"decode_B{b}_ms"] = step_times(llm, rand_prompts(b, [1024] * b, 151000), greedy)
         log(f"decode B={b}: {res[f'decode_B{b}_ms']:.2f} ms")
     res["sampled_B64_ms"] = step_times(llm, rand_prompts(7, [1024] * 64, 151000), sampled)
@@ -266,22 +268,26 @@ def phase_steps() -> dict:
         eng.step()
     del llm, eng
     torch.cuda.empty_cache()
-    # Offline with the engine's own defaults (by use and device).
-    t0 = time.time()
-    llm = LLM(str(BIG))
-    res["defaults_load_s"] = time.time() - t0
-    res["defaults"] = {"max_num_seqs": llm.config.max_num_seqs,
-                       "max_num_batched_tokens": llm.config.max_num_batched_tokens}
+    # Offline: with the engine's own defaults (by use and device), then 8192 / 256.
     prompts = rand_prompts(21, [512] * 1024, 151000)
     p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, p)
-    dt = time.perf_counter() - t0
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    res["offline_defaults_tok_s"] = n / dt
-    res["offline_s"] = dt
-    log(f"offline defaults {res['defaults']}: {n / dt:.0f} tok/s")
+    for name, kw in (("defaults", {}), ("8192x256", dict(max_num_batched_tokens=8192,
+                                                          max_num_seqs=256))):
+        t0 = time.time()
+        llm = LLM(str(BIG), **kw)
+        res[f"offline_{name}_load_s"] = time.time() - t0
+        res[f"offline_{name}_config"] = {"max_num_seqs": llm.config.max_num_seqs,
+                                         "max_num_batched_tokens": llm.config.max_num_batched_tokens}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, p)
+        dt = time.perf_counter() - t0
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        res[f"offline_{name}_tok_s"] = n / dt
+        res[f"offline_{name}_s"] = dt
+        log(f"offline {name} {res[f'offline_{name}_config']}: {n / dt:.0f} tok/s")
+        del llm
+        torch.cuda.empty_cache()
     return res
 
 
@@ -330,8 +336,43 @@ def phase_prefill() -> dict:
     return {"variants": res}
 
 
+# -- profile: where the offline run's time goes ------------------------------------------------
+
+def phase_profile() -> dict:
+    """The offline workload at half size under the CUDA profiler (kernels only, so the
+    host is not slowed): GPU busy time against wall time says whether the host or the
+    device bounds the run, and the kernel table says which kernels the device spends on."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pagefleet.server import LLM, SamplingParams
+    llm = LLM(str(BIG))
+    prompts = rand_prompts(31, [512] * 512, 151000)
+    p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
+    llm.generate(rand_prompts(32, [512] * 16, 151000), p)       # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, p)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    kernels: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time_total / 1e3
+    busy_ms = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    st = llm.stats()
+    return {"wall_s": wall, "tok_s": n / wall, "gpu_busy_s": busy_ms / 1e3,
+            "gpu_busy_frac": busy_ms / 1e3 / wall, "steps": st.get("num_steps"),
+            "top_kernels_ms": [(k[:90], round(v, 1)) for k, v in top],
+            "config": {"max_num_seqs": llm.config.max_num_seqs,
+                       "max_num_batched_tokens": llm.config.max_num_batched_tokens}}
+
+
 PHASES = {"parity": phase_parity, "server": phase_server, "steps": phase_steps,
-          "prefill": phase_prefill}
+          "prefill": phase_prefill, "profile": phase_profile}
 
 
 def main() -> None:
@@ -346,7 +387,7 @@ def main() -> None:
         part(name, data)
         return
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(PHASES)
-    limits = {"parity": 120, "server": 100, "steps": 260, "prefill": 80}
+    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120}
     result = {}
     for name in names:
         t0 = time.time()

@@ -1,4 +1,4 @@
-"""`pagefleet` entry point: serve | bench serve | operator | crd.
+"""`pagefleet` entry point: serve | gateway | bench serve | operator | crd.
 
 Flags come from the config dataclasses (server/config.py), so `pagefleet serve --help`
 is generated from the same place the YAML config and the operator read. Heavy imports
@@ -24,14 +24,30 @@ from pagefleet.server.config import (
 )
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def machine_defaults() -> dict[str, str]:
+    """What the by-device defaults resolve to here (for --help), without CUDA."""
+    from pagefleet.server.config import default_limits, probe_gpu_memory
+
+    mem = probe_gpu_memory()
+    where = f"a {mem / (1 << 30):.0f} GiB GPU" if mem else "no GPU"
+    seqs, server = default_limits("server", mem)
+    _, offline = default_limits("offline", mem)
+    return {"max_num_seqs": f"{seqs} on this machine ({where})",
+            "max_num_batched_tokens": f"{server} for the server, {offline} for the offline "
+                                      f"LLM on this machine ({where})"}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                     here: dict[str, str] | None = None) -> None:
     group = parser.add_argument_group(cls.__name__)
+    here = here or {}
     for f, tp in config_fields(cls):
         if f.name in skip:
             continue
         kind = base_type(tp)
+        default = here.get(f.name, f.default)
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                                  "help": f.metadata["help"] + f" (default: {f.default})"}
+                                  "help": f.metadata["help"] + f" (default: {default})"}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif getattr(kind, "__origin__", None) is list:
@@ -43,10 +59,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
                 kwargs["choices"] = f.metadata["choices"]
         if "metavar" in f.metadata:
             kwargs["metavar"] = f.metadata["metavar"]
-        group.add_argument(flag_name(f), *f.metadata.get("aliases", ()), **kwargs)
+        group.add_argument(flag_name(f), **kwargs)
 
 
-def serve_parser() -> argparse.ArgumentParser:
+def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
+    """The serve flags; `help_text` resolves the by-device defaults for --help."""
     p = argparse.ArgumentParser(
         prog="pagefleet serve", allow_abbrev=False,
         description="Serve a model behind an OpenAI-compatible API. Flags match vLLM's.")
@@ -55,9 +72,41 @@ def serve_parser() -> argparse.ArgumentParser:
                         "Omit to serve the built-in demo model.")
     p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
                    "(dashes or underscores); flags on the command line win.")
-    add_config_flags(p, EngineConfig)
+    add_config_flags(p, EngineConfig, here=machine_defaults() if help_text else None)
     add_config_flags(p, ServerConfig)
     return p
+
+
+def gateway_parser() -> argparse.ArgumentParser:
+    from pagefleet.server.gateway.config import GatewayConfig
+
+    p = argparse.ArgumentParser(
+        prog="pagefleet gateway", allow_abbrev=False,
+        description="One OpenAI-compatible endpoint for every model: prefix-affinity "
+                    "routing with bounded load, long/short pools, admission, weighted "
+                    "rollouts, scale-from-zero holding. See docs/gateway.md.")
+    p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
+                   "(dashes or underscores); flags on the command line win.")
+    add_config_flags(p, GatewayConfig)
+    return p
+
+
+def build_gateway_config(argv: list[str]):
+    """Parse `gateway` argv into a validated GatewayConfig: defaults < YAML < flags."""
+    from pagefleet.server.gateway.config import GatewayConfig
+
+    ns = vars(gateway_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    if ns.get("config"):
+        values.update(load_yaml_config(ns["config"]))
+    values.update({k: v for k, v in ns.items() if k != "config"})
+    names = {f.name for f, _ in config_fields(GatewayConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in --config: {', '.join(sorted(unknown))}")
+    cfg = GatewayConfig(**values)
+    cfg.validate()
+    return cfg
 
 
 def strip_ignored_flags(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -92,7 +141,7 @@ def load_yaml_config(path: str) -> dict[str, Any]:
 def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str]]:
     """Parse `serve` argv into validated configs: defaults < YAML file < flags."""
     argv, notices = strip_ignored_flags(argv)
-    ns = vars(serve_parser().parse_args(argv))
+    ns = vars(serve_parser(help_text=any(a in ("-h", "--help") for a in argv)).parse_args(argv))
     values: dict[str, Any] = {}
     if ns.get("config"):
         values.update(load_yaml_config(ns["config"]))
@@ -114,7 +163,7 @@ def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = "serve | bench serve | operator | crd"
+    commands = "serve | gateway | bench serve | operator | crd"
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: pagefleet {{{commands}}} ...")
         return 0 if argv else 2
@@ -128,6 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         from pagefleet.server.api.serve import run_serve
 
         return run_serve(engine, server, notices)
+    if cmd == "gateway":
+        try:
+            cfg = build_gateway_config(rest)
+        except ConfigError as e:
+            print(f"pagefleet gateway: error: {e}", file=sys.stderr)
+            return 2
+        from pagefleet.server.gateway.serve import run_gateway
+
+        return run_gateway(cfg)
     if cmd == "bench":
         from pagefleet.server.bench.cli import main as bench_main
 

@@ -26,14 +26,11 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-        metavar: str | None = None, aliases: tuple[str, ...] = ()) -> Any:
-    """A dataclass field that carries its CLI help (and optional flag, short aliases
-    such as vLLM's `-tp`, choices)."""
+        metavar: str | None = None) -> Any:
+    """A dataclass field that carries its CLI help (and optional flag/choices)."""
     meta = {"help": help}
     if flag:
         meta["flag"] = flag
-    if aliases:
-        meta["aliases"] = aliases
     if choices:
         meta["choices"] = choices
     if metavar:
@@ -93,11 +90,11 @@ class EngineConfig:
     tensor_parallel_size: int = opt(
         1, "Number of GPUs one replica's model is sharded over (Megatron-style tensor "
         "parallelism, one worker process per GPU, NCCL between them). Must divide the "
-        "model's attention heads. With --device cpu the ranks are CPU processes over gloo.",
-        aliases=("-tp",))
+        "model's attention heads. With --device cpu the ranks are CPU processes over gloo. "
+        "Short form: -tp N.")
     pipeline_parallel_size: int = opt(
         1, "Pipeline stages; only 1 is supported (use --tensor-parallel-size within a node, "
-        "and replicas across nodes).", aliases=("-pp",))
+        "and replicas across nodes). Short form: -pp N.")
     distributed_executor_backend: str | None = opt(
         None, "How the tensor-parallel workers run: 'mp' (one process per GPU, the only "
         "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
@@ -238,6 +235,7 @@ class ServerConfig:
 FLAG_ALIASES: dict[str, str] = {
     "--disable-prefix-caching": "--no-enable-prefix-caching",
     "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
 }
 
 IGNORED_FLAGS: dict[str, int] = {

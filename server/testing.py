@@ -1,6 +1,6 @@
-"""Tiny offline HF models for tests and the demo: real architectures, random weights.
+"""Tiny offline HF models for tests: real architectures, random weights.
 
-No weights can be downloaded here, so tests and the demo server build a complete model
+No weights can be downloaded here, so tests build a complete model
 directory on the spot: `config.json` in the format real checkpoints use (`rope_theta`,
 `rope_scaling`), safetensors weights (optionally sharded with an index), a byte-level
 BPE tokenizer trained on a generated corpus, special tokens, a ChatML chat template and
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -60,7 +58,7 @@ def _corpus(seed: int, lines: int = 3000) -> list[str]:
 
 
 def _build_tokenizer(path: Path, seed: int, vocab_size: int,
-                     chat_template: str = CHAT_TEMPLATE) -> int:
+                     chat_template: str = CHAT_TEMPLATE, added_tokens: tuple[str, ...] = ()) -> int:
     """Train a byte-level BPE and save it as an HF fast tokenizer; returns its length."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -83,6 +81,8 @@ def _build_tokenizer(path: Path, seed: int, vocab_size: int,
         unk_token=None,
         additional_special_tokens=["<|im_start|>"],
     )
+    if added_tokens:   # single tokens that stay text (e.g. <think>, </think>)
+        fast.add_tokens(list(added_tokens))
     fast.chat_template = chat_template
     fast.model_max_length = 1 << 20
     fast.save_pretrained(str(path))
@@ -196,19 +196,22 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
                      hidden_size: int = 96, num_layers: int = 3, num_heads: int = 4,
                      num_kv_heads: int = 2, vocab_size: int = 512,
                      max_position_embeddings: int = 2048,
-                     chat_template: str | None = None) -> Path:
+                     chat_template: str | None = None,
+                     added_tokens: tuple[str, ...] = ()) -> Path:
     """Write a complete offline HF model directory and return its path.
 
     Deterministic for a given seed. Tied embeddings default to on for qwen3 (as the
     small Qwen3 checkpoints ship) and off for the others. `chat_template` replaces the
-    plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools.
+    plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools;
+    `added_tokens` become single vocabulary entries (a reasoning model's think tags).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tie = (arch == "qwen3") if tie_word_embeddings is None else tie_word_embeddings
-    n_tok = _build_tokenizer(path, seed, vocab_size, chat_template or CHAT_TEMPLATE)
+    n_tok = _build_tokenizer(path, seed, vocab_size, chat_template or CHAT_TEMPLATE,
+                             tuple(added_tokens))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -223,30 +226,10 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
     return path
 
 
-DEMO_VERSION = "1"
+def demo_model_path() -> Path:
+    """The built-in demo model: the checkpoint shipped in the package (`server/demo/model`,
+    trained by `python -m pagefleet.server.demo.train`; see docs/demo.md). Unlike the tiny
+    models above, it was trained, so its replies are readable English."""
+    from pagefleet.server.demo import demo_checkpoint
 
-
-def demo_model_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The built-in demo model, built once into a cache folder and reused.
-
-    Built in a temporary folder and renamed into place, so a crash mid-build or two
-    servers starting at once never leave a half-written model behind.
-    """
-    root = Path(cache_dir or os.environ.get("PAGEFLEET_CACHE")
-                or Path.home() / ".cache" / "pagefleet")
-    target = root / f"demo-model-v{DEMO_VERSION}"
-    if (target / "config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-build-", dir=root))
-    try:
-        build_tiny_model(tmp, "qwen3", seed=1234, hidden_size=128, num_layers=4,
-                         vocab_size=1024, max_position_embeddings=4096)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return demo_checkpoint()

@@ -111,8 +111,11 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
 
             model_dir = demo_model_path()
             served = server_cfg.served_model_name or [DEMO_MODEL]
-            log.warning("no MODEL given: serving the built-in demo model %r (tiny, random "
-                        "weights) from %s", served, model_dir)
+            log.warning("no MODEL given: serving the built-in demo model '%s' from %s (a tiny "
+                        "model trained on a few topics, for trying the API); to serve a real "
+                        "model: pagefleet serve MODEL, e.g. pagefleet serve "
+                        "Qwen/Qwen2.5-7B-Instruct or a local HF model directory",
+                        ", ".join(served), model_dir)
         else:
             model_dir = resolve_model(engine_cfg.model, engine_cfg.revision)
             served = server_cfg.served_model_name or [engine_cfg.model]

@@ -492,7 +492,9 @@ class OpenAIServing:
             if grammar is not None:
                 raise bad_request("a structured-output constraint cannot be combined with a "
                                   f"{plan.mode!r} tool_choice", "tool_choice")
-            spec = GrammarSpec.json_schema(plan.schema)
+            # Compact JSON: whitespace in a forced call is noise, and a weak model can
+            # wander in it until max_tokens.
+            spec = GrammarSpec.json_schema(plan.schema, any_whitespace=False)
             grammar = (spec.kind, spec.text, spec.syntax, spec.any_whitespace)
         text = self.chat_prompt_text(req, tok, req.tools)
         add_special = req.add_special_tokens if req.add_special_tokens is not None else False
@@ -554,7 +556,9 @@ class OpenAIServing:
         calls = []
         parser = parser_for_plan(prep.plan, self.tool_call_parser)
         if parser is not None:
-            content, calls = parser.extract(text or "")
+            parser.feed(text or "")
+            parser.finish()
+            content, calls = parser.result()
         else:
             content = text
         msg: dict = {"role": self.response_role, "content": content}
@@ -699,7 +703,7 @@ class OpenAIServing:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = tok.encode(req.prompt, add_special_tokens=add)
         else:
-            ids = self.chat_prompt_ids(req, tok)
+            ids = self.chat_prompt_ids(req, tok, req.tools)
         return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
                 "token_strs": tok.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 

@@ -109,6 +109,8 @@ class OutputProcessor:
         before = len(detok.text)
         for t in o.new_token_ids:
             step(detok, t)
+        if o.finish_reason is not None:
+            self.detokenizer.finish(detok)   # flush a character the output ended inside
         if p.stop_strings and len(st.token_ids) >= p.min_tokens:
             hit = find_stop(detok.text, p.stop_strings, before - st.longest_stop + 1)
             if hit is not None:

@@ -89,11 +89,15 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
         client = OpenAI(base_url=srv.url + "/v1", api_key="k1", max_retries=0)
         card = client.models.list().data[0]
         assert card.id == "my-demo" and card.model_extra["max_model_len"] == 256
-        r = client.chat.completions.create(model="my-demo", max_tokens=4,
+        r = client.chat.completions.create(model="my-demo", max_tokens=64, temperature=0,
                                            messages=[{"role": "user", "content": "hello"}])
-        assert r.choices[0].finish_reason in ("stop", "length")
-        assert (tmp_path / "cache" / "demo-model-v1" / "config.json").exists()
+        reply = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop" and reply.isprintable(), reply
+        assert "\ufffd" not in reply and reply.rstrip()[-1] in ".!?", reply
+        assert not (tmp_path / "cache").exists()      # shipped in the package: nothing built
         out = srv.output()
+        assert "serving the built-in demo model 'my-demo'" in out
+        assert "to serve a real model: pagefleet serve MODEL" in out
         assert "--disable-log-requests is accepted for vLLM compatibility" in out
         assert "--trust-remote-code is accepted for vLLM compatibility" in out
         assert "hello" not in out            # no prompt text in logs by default

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Device call 3 of the side-by-side run, right after device_vllm.sh on the same machine:
+# pagefleet's OpenAI server under the online workloads (benchmarks/online_bench.py, the
+# same client and flags as vLLM's), then the small-model server check (streams, logprobs,
+# killing the core). Carry .whl-pf (fastapi, uvicorn, pydantic, pyzmq, msgspec).
+set -o pipefail
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site-pf .whl-pf/*.whl || exit 1
+mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
+export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+M=${PAGEFLEET_BENCH_MODEL:-/dev/shm/qwen2.5-7b-random}
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+[ -f "$M/config.json" ] || python3 benchmarks/build_model.py "$M"
+timeout "${ONLINE_TIMEOUT:-420}" python3 benchmarks/online_bench.py --server pagefleet --model "$M" \
+    --out "$OUT/online_pagefleet.json" --server-log "$OUT/pagefleet_server.log" ${ONLINE_ARGS:-}
+OUT=/tmp/pagefleet-check timeout "${CHECK_TIMEOUT:-100}" python3 benchmarks/gpu_check.py server \
+    > "$OUT/check_server.log" 2>&1
+cp /tmp/pagefleet-check/check_server.json "$OUT/" 2>/dev/null
+tail -5 "$OUT/check_server.log"

@@ -1,0 +1,184 @@
+"""Admission: who may wait in the gateway's queue, per-key rate limits, API keys (pure).
+
+Priority uses vLLM's meaning of the request's `priority` field (the servers schedule by
+the same field): a lower value is more urgent, 0 is the default. When a model's queue
+is full, the least urgent waiter is refused first: a newcomer more urgent than the
+worst waiter takes its place (the waiter gets the 429), otherwise the newcomer gets
+it. Requests at or below `critical_priority` are never refused for a full queue: they
+shed a less urgent waiter, or wait beyond the cap when everyone waiting is critical.
+Every waiter, critical ones too, still obeys the queue-time limit (503); since the
+queue dispatches the most urgent first, critical requests only reach it when the model
+has no capacity at all.
+
+Rate limits are token buckets per API key (requests per second and a burst), with
+per-key overrides from the API keys file; requests without a key share one bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pagefleet.server.config import ConfigError
+
+
+# -- queue admission -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Queued:
+    priority: int
+    seq: int                         # arrival order
+
+
+@dataclass(frozen=True)
+class Admission:
+    kind: str                        # "enqueue" | "shed" | "refuse"
+    victim: Queued | None = None     # for "shed": the waiter refused in the newcomer's place
+
+
+def is_critical(priority: int, critical_priority: int | None) -> bool:
+    return critical_priority is not None and priority <= critical_priority
+
+
+def admit(queued: Sequence[Queued], priority: int, cap: int,
+          critical_priority: int | None) -> Admission:
+    """Decide on a newcomer of `priority` given the model's waiters (pure)."""
+    if len(queued) < cap:
+        return Admission("enqueue")
+    victims = [q for q in queued if not is_critical(q.priority, critical_priority)]
+    if victims:
+        worst = max(victims, key=lambda q: (q.priority, q.seq))
+        if worst.priority > priority:
+            return Admission("shed", worst)
+    if is_critical(priority, critical_priority):
+        return Admission("enqueue")
+    return Admission("refuse")
+
+
+# -- rate limits ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RateLimit:
+    rate: float                      # requests per second
+    burst: float                     # bucket size
+
+
+class TokenBucket:
+    def __init__(self, limit: RateLimit, now: float) -> None:
+        self.limit = limit
+        self.tokens = limit.burst
+        self.last = now
+
+    def take(self, now: float) -> float:
+        """Take one token: 0.0 when allowed, else seconds until one is available."""
+        self.tokens = min(self.limit.burst, self.tokens + (now - self.last) * self.limit.rate)
+        self.last = max(now, self.last)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.limit.rate
+
+
+class RateLimiter:
+    """One bucket per key (at most `max_keys` remembered, least recently used dropped)."""
+
+    def __init__(self, default: RateLimit | None, max_keys: int = 100_000) -> None:
+        self.default = default
+        self.max_keys = max_keys
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    def check(self, key_id: str, limit: RateLimit | None, now: float) -> float:
+        """0.0 when the request may pass, else the seconds to wait (for Retry-After)."""
+        limit = limit or self.default
+        if limit is None:
+            return 0.0
+        b = self._buckets.get(key_id)
+        if b is None or b.limit != limit:
+            b = self._buckets[key_id] = TokenBucket(limit, now)
+        self._buckets.move_to_end(key_id)
+        while len(self._buckets) > self.max_keys:
+            self._buckets.popitem(last=False)
+        return b.take(now)
+
+
+def retry_after_header(wait: float) -> str:
+    return str(max(1, math.ceil(wait)))
+
+
+def default_limit(rate: float | None, burst: float | None) -> RateLimit | None:
+    if rate is None:
+        return None
+    return RateLimit(rate, burst if burst is not None else max(rate, 1.0))
+
+
+# -- API keys -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KeyInfo:
+    name: str
+    limit: RateLimit | None
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class APIKeys:
+    """Accepted keys by SHA-256 digest (lookups do not compare secrets byte by byte)."""
+
+    def __init__(self, keys: dict[str, KeyInfo]) -> None:
+        self._by_digest = keys
+
+    def lookup(self, token: str | None) -> KeyInfo | None:
+        if not token:
+            return None
+        return self._by_digest.get(digest(token))
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+
+def parse_api_keys(data: Any, source: str, default: RateLimit | None) -> APIKeys:
+    """`keys: [{key | key_sha256, name, requests_per_second, burst}]` -> APIKeys."""
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise ConfigError(f"{source}: expected a mapping with a 'keys' list")
+    out: dict[str, KeyInfo] = {}
+    for i, item in enumerate(data["keys"]):
+        path = f"{source}: keys[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: must be a mapping")
+        unknown = set(item) - {"key", "key_sha256", "name", "requests_per_second", "burst"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
+        if ("key" in item) == ("key_sha256" in item):
+            raise ConfigError(f"{path}: give exactly one of key or key_sha256")
+        if "key" in item:
+            if not isinstance(item["key"], str) or not item["key"]:
+                raise ConfigError(f"{path}.key: must be a non-empty string")
+            d = digest(item["key"])
+        else:
+            d = str(item["key_sha256"]).lower()
+            if len(d) != 64 or any(ch not in "0123456789abcdef" for ch in d):
+                raise ConfigError(f"{path}.key_sha256: must be 64 hex digits")
+        rate, burst = item.get("requests_per_second"), item.get("burst")
+        for name, v in (("requests_per_second", rate), ("burst", burst)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise ConfigError(f"{path}.{name}: must be a number > 0")
+        limit = default_limit(float(rate), None if burst is None else float(burst)) \
+            if rate is not None else default
+        out[d] = KeyInfo(name=str(item.get("name") or f"key-{i}"), limit=limit)
+    return APIKeys(out)
+
+
+def load_api_keys(path: str, default: RateLimit | None) -> APIKeys:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError(f"--api-keys-file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--api-keys-file {path}: not valid YAML: {e}") from None
+    return parse_api_keys(data, f"--api-keys-file {path}", default)

@@ -1,0 +1,103 @@
+"""Gateway settings: one dataclass, the single source of the `pagefleet gateway` flags.
+
+Built with the same `opt()` helper as the server's configs, so `pagefleet gateway
+--help`, the `--config` YAML file and the chart's values read the same names. What the
+fleet looks like (models, pools, endpoints) is not a flag: it comes from discovery (a
+static YAML file or Kubernetes), see `fleet.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagefleet.server.config import ConfigError, opt
+
+ROUTING_MODES = ("prefix", "least-load", "round-robin")
+DISCOVERY_KINDS = ("static", "kubernetes")
+
+
+@dataclass
+class GatewayConfig:
+    """Listening, discovery, routing, health and admission settings of the gateway."""
+
+    host: str = opt("0.0.0.0", "Address to listen on.")
+    port: int = opt(8080, "Port to listen on.")
+    discovery: str = opt("static", "Where models and endpoints come from: a static YAML "
+                         "file (--models-file) or the Kubernetes API (ModelDeployments "
+                         "and their ready pods).", choices=DISCOVERY_KINDS)
+    models_file: str | None = opt(None, "Static discovery: YAML file of models, pools and "
+                                  "endpoints (docs/gateway.md); re-read when it changes.")
+    namespace: str | None = opt(None, "Kubernetes discovery: namespace to watch (default: "
+                                "the gateway pod's own; '*' for all namespaces).")
+    reload_interval: float = opt(2.0, "Static discovery: seconds between checks of the "
+                                 "models file for changes.")
+    routing: str = opt("prefix", "prefix: longest cached prefix within the load bound, "
+                       "then a consistent-hash ring of the first blocks, then least load. "
+                       "least-load / round-robin: ignore prefixes (baselines).",
+                       choices=ROUTING_MODES)
+    load_epsilon: float = opt(0.25, "Bounded load: a replica takes a request by prefix "
+                              "or ring only while its load stays within (1 + eps) x the "
+                              "pool average.")
+    ring_blocks: int = opt(4, "KV blocks of the prompt's start that key the consistent-"
+                           "hash ring for prefixes no replica holds yet.")
+    ring_vnodes: int = opt(64, "Points per replica on the consistent-hash ring.")
+    prefix_ttl: float = opt(600.0, "Seconds the gateway remembers that a replica holds a "
+                            "block it routed there.")
+    kv_cache_saturation: float = opt(0.9, "A replica whose scraped KV usage is at or above "
+                                     "this fraction takes no request by prefix or ring.")
+    max_inflight_per_endpoint: int = opt(256, "Requests in flight per replica before the "
+                                         "gateway queues (pools may override; set it to "
+                                         "the servers' --max-num-seqs).")
+    max_num_queued_requests: int = opt(1024, "Requests held per model; beyond it the "
+                                       "lowest priority is refused with 429.")
+    queue_timeout: float = opt(30.0, "Seconds a request may wait in the gateway (busy or "
+                               "absent replicas) before it gets 503. Models may override.")
+    critical_priority: int | None = opt(None, "Requests with a priority value at or below "
+                                        "this (lower = more urgent, as vLLM's 'priority') "
+                                        "are never refused for a full queue.")
+    retry_after: int = opt(1, "Retry-After seconds sent with a full-queue 429.")
+    rate_limit: float | None = opt(None, "Requests per second per API key (token bucket); "
+                                   "off when unset. Keys may override in --api-keys-file.")
+    rate_limit_burst: float | None = opt(None, "Token bucket size (default: the rate, at "
+                                         "least 1).")
+    api_keys_file: str | None = opt(None, "YAML list of accepted API keys with optional "
+                                    "per-key rate limits; when set, /v1/* needs one.")
+    health_interval: float = opt(1.0, "Seconds between health checks (/health and "
+                                 "/metrics) of each replica.")
+    health_timeout: float = opt(2.0, "Seconds a health check may take.")
+    unhealthy_threshold: int = opt(3, "Failed checks in a row that take a replica out of "
+                                   "its pool; one good check brings it back.")
+    connect_timeout: float = opt(5.0, "Seconds to connect to a replica.")
+    max_attempts: int = opt(3, "Replicas tried for one request when connections fail "
+                            "before the first byte.")
+    endpoint_header: bool = opt(True, "Add X-Pagefleet-Endpoint (the replica that served) "
+                                "to responses.")
+    uvicorn_log_level: str = opt("warning", "Log level of uvicorn's own loggers.",
+                                 choices=("critical", "error", "warning", "info", "debug",
+                                          "trace"))
+
+    def validate(self) -> None:
+        def need(cond: bool, flag: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"--{flag}: {msg}")
+
+        need(self.discovery != "static" or bool(self.models_file), "models-file",
+             "static discovery needs a models file")
+        need(self.load_epsilon >= 0, "load-epsilon", "must be >= 0")
+        need(self.ring_blocks >= 1, "ring-blocks", "must be >= 1")
+        need(self.ring_vnodes >= 1, "ring-vnodes", "must be >= 1")
+        need(self.prefix_ttl > 0, "prefix-ttl", "must be > 0")
+        need(0 < self.kv_cache_saturation <= 1, "kv-cache-saturation", "must be in (0, 1]")
+        need(self.max_inflight_per_endpoint >= 1, "max-inflight-per-endpoint", "must be >= 1")
+        need(self.max_num_queued_requests >= 0, "max-num-queued-requests", "must be >= 0")
+        need(self.queue_timeout > 0, "queue-timeout", "must be > 0")
+        need(self.retry_after >= 1, "retry-after", "must be >= 1")
+        need(self.rate_limit is None or self.rate_limit > 0, "rate-limit", "must be > 0")
+        need(self.rate_limit_burst is None or self.rate_limit_burst >= 1, "rate-limit-burst",
+             "must be >= 1")
+        need(self.health_interval > 0, "health-interval", "must be > 0")
+        need(self.health_timeout > 0, "health-timeout", "must be > 0")
+        need(self.unhealthy_threshold >= 1, "unhealthy-threshold", "must be >= 1")
+        need(self.connect_timeout > 0, "connect-timeout", "must be > 0")
+        need(self.max_attempts >= 1, "max-attempts", "must be >= 1")
+        need(self.reload_interval > 0, "reload-interval", "must be > 0")

@@ -1,0 +1,91 @@
+"""Per-replica check loop: `/health` for liveness, `/metrics` for load and cache facts.
+
+Each interval a replica gets one check: `/health` must answer 200 within the timeout;
+the same tick scrapes `/metrics` for `vllm:num_requests_running/_waiting`,
+`vllm:kv_cache_usage_perc` and `vllm:cache_config_info` (block size and KV capacity,
+which size the gateway's picture of its prefix cache). A pool whose context length is
+not configured learns it from a replica's `/v1/models` card.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from pagefleet.server.gateway.health import ScrapedMetrics, on_check, parse_metrics
+from pagefleet.server.gateway.state import EndpointState
+
+log = logging.getLogger("pagefleet.gateway")
+
+
+async def check_once(client: httpx.AsyncClient, url: str) -> tuple[bool, ScrapedMetrics | None]:
+    try:
+        health, metrics = await asyncio.gather(client.get(url + "/health"),
+                                               client.get(url + "/metrics"),
+                                               return_exceptions=True)
+    except Exception:  # noqa: BLE001 - any failure is a failed check
+        return False, None
+    if isinstance(health, BaseException) or health.status_code != 200:
+        return False, None
+    scraped = None
+    if not isinstance(metrics, BaseException) and metrics.status_code == 200:
+        scraped = parse_metrics(metrics.text)
+    return True, scraped
+
+
+async def learn_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> None:
+    headers = {"authorization": f"Bearer {ep.pool.spec.api_key}"} if ep.pool.spec.api_key else {}
+    try:
+        r = await client.get(ep.spec.url + "/v1/models", headers=headers)
+        cards = r.json().get("data") or []
+        mml = int(cards[0]["max_model_len"])
+    except Exception as e:  # noqa: BLE001 - optional knowledge; retried next check
+        log.debug("endpoint %s: no max_model_len from /v1/models: %s", ep.name, e)
+        return
+    if ep.pool.learned_max_model_len != mml:
+        ep.pool.learned_max_model_len = mml
+        log.info("pool %r: max_model_len %d (from %s)", ep.pool.name, mml, ep.name)
+
+
+def apply_check(ep: EndpointState, ok: bool, scraped: ScrapedMetrics | None,
+                threshold: int) -> str | None:
+    """Fold one check into the endpoint's state; returns 'joined', 'left' or None."""
+    ep.health, event = on_check(ep.health, ok, threshold)
+    pool = ep.pool
+    if scraped is not None:
+        ep.metrics = scraped
+        if scraped.block_size and pool.spec.block_size is None:
+            pool.learned_block_size = scraped.block_size
+        if scraped.num_gpu_blocks:
+            pool.index.set_capacity(ep.name, scraped.num_gpu_blocks)
+    if event == "joined":
+        pool.index.forget(ep.name)       # a (re)started engine has an empty cache
+        if scraped is not None and scraped.num_gpu_blocks:
+            pool.index.set_capacity(ep.name, scraped.num_gpu_blocks)
+        log.info("endpoint %s (%s) joined pool %r of model %r", ep.name, ep.spec.url,
+                 pool.name, pool.model.name)
+    elif event == "left":
+        pool.index.forget(ep.name)
+        ep.metrics = ScrapedMetrics()
+        log.warning("endpoint %s (%s) left pool %r: %d failed checks in a row", ep.name,
+                    ep.spec.url, pool.name, ep.health.failures)
+    return event
+
+
+async def probe_forever(ep: EndpointState, client: httpx.AsyncClient, interval: float,
+                        threshold: int, on_event) -> None:
+    """Check `ep` every `interval` seconds until it leaves the fleet."""
+    while not ep.removed:
+        ok, scraped = await check_once(client, ep.spec.url)
+        if ep.removed:
+            return
+        if ok and ep.pool.spec.max_model_len is None and ep.pool.learned_max_model_len is None:
+            await learn_max_model_len(client, ep)    # before it takes traffic
+            if ep.removed:
+                return
+        event = apply_check(ep, ok, scraped, threshold)
+        if event is not None:
+            on_event(ep, event)
+        await asyncio.sleep(interval)

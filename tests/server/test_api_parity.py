@@ -1,0 +1,317 @@
+"""API parity with vLLM (issue 11) against a real server on loopback, with the official
+`openai` client: tool calls (forced and streamed), structured outputs, reasoning
+output, n / best_of, completion logprobs and echo, prompt logprobs, the metric
+families. lm-evaluation-harness has its own test (test_lm_eval.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from pagefleet.server.chat_templates import TOOLS_CHAT_TEMPLATE
+from tests.server.helpers_serve import ThreadServer, metric, wait_for
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Lima", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def tools_model(tiny_models):
+    return tiny_models("qwen3-tools", arch="qwen3", chat_template=TOOLS_CHAT_TEMPLATE,
+                       added_tokens=("<think>", "</think>"))
+
+
+@pytest.fixture(scope="module")
+def srv(tools_model):
+    server = ThreadServer(tools_model, max_model_len=1024, max_num_seqs=16,
+                          enable_auto_tool_choice=True, tool_call_parser="hermes",
+                          enable_prompt_tokens_details=True,
+                          served_model_name=["tiny", "tiny-alias"]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# -- tools ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                "function": {"name": "get_weather"}}])
+def test_forced_tool_calls_parse_and_validate(client, choice):
+    for seed in range(3):
+        r = client.chat.completions.create(model="tiny", messages=user("weather?"),
+                                           tools=[WEATHER, TIME], tool_choice=choice,
+                                           temperature=1.0, seed=seed, max_tokens=200)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        calls = c.message.tool_calls
+        assert calls and all(call.id and call.type == "function" for call in calls)
+        for call in calls:
+            if isinstance(choice, dict):
+                assert call.function.name == "get_weather"
+            schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+            jsonschema.validate(json.loads(call.function.arguments),
+                                schema["function"]["parameters"])
+
+
+def test_streamed_tool_call_deltas_reassemble_into_the_message(client):
+    kw = dict(model="tiny", messages=user("weather?"), tools=[WEATHER, TIME],
+              tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=11,
+              max_tokens=200)
+    whole = client.chat.completions.create(**kw).choices[0].message
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or ():
+                call = calls.setdefault(d.index, {"id": None, "name": "", "args": ""})
+                call["id"] = call["id"] or d.id
+                if d.function and d.function.name:
+                    call["name"] += d.function.name
+                if d.function and d.function.arguments:
+                    call["args"] += d.function.arguments
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls"
+    got = [(calls[i]["name"], calls[i]["args"]) for i in sorted(calls)]
+    assert got == [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+
+
+def test_tools_reach_the_template_and_tool_results_round_trip(srv, client):
+    with_tools = httpx.post(srv.url + "/tokenize", json={
+        "messages": user("hi"), "tools": [WEATHER]}).json()
+    plain = httpx.post(srv.url + "/tokenize", json={"messages": user("hi")}).json()
+    history = user("weather in Paris?") + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"}]
+    r = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER],
+                                       max_tokens=5)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    rendered = httpx.post(srv.url + "/tokenize", json={
+        "messages": history, "tools": [WEATHER], "return_token_strs": False}).json()
+    assert rendered["count"] > with_tools["count"] > plain["count"]
+
+
+def test_langchain_bind_tools(srv):
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.ChatOpenAI(model="tiny", base_url=srv.url + "/v1", api_key="unused",
+                        temperature=1.0, max_tokens=200, seed=3, max_retries=0)
+    msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("weather?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    jsonschema.validate(msg.tool_calls[0]["args"], WEATHER["function"]["parameters"])
+
+
+def test_litellm_n_choices(srv, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no network at import
+    litellm = pytest.importorskip("litellm")
+    r = litellm.completion(model="openai/tiny", api_base=srv.url + "/v1", api_key="unused",
+                           messages=user("hi"), n=2, max_tokens=4, temperature=1.0)
+    assert len(r.choices) == 2
+
+
+# -- structured outputs ----------------------------------------------------------------------
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+    "address": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Lima"]},
+        "zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
+        "required": ["city", "zip"], "additionalProperties": False},
+    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]},
+             "maxItems": 3}},
+    "required": ["name", "role", "address", "tags"], "additionalProperties": False}
+
+
+def test_json_schema_outputs_validate(client):
+    async def many():
+        c = openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0)
+        return await asyncio.gather(*[c.chat.completions.create(
+            model="tiny", messages=user("a person"), temperature=1.0, seed=s, max_tokens=300,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "person", "schema": PERSON, "strict": True}},
+            # compact JSON: a random-weight model would wander in free whitespace
+            extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+            for s in range(20)])
+    for r in asyncio.run(many()):
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+
+def test_regex_and_choice(srv):
+    for s in range(4):
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "prompt": "x", "max_tokens": 40, "temperature": 1.0, "seed": s,
+            "structured_outputs": {"regex": "[a-c]{2,5}-[0-9]{3}"}}).json()
+        assert re.fullmatch("[a-c]{2,5}-[0-9]{3}", r["choices"][0]["text"]), r
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": user("pick"), "max_tokens": 20, "temperature": 1.0, "seed": s,
+            "structured_outputs": {"choice": ["red alert", "green", "blue sky"]}}).json()
+        assert r["choices"][0]["message"]["content"] in ("red alert", "green", "blue sky")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": 7}}}}}},
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
+])
+def test_invalid_constraints_are_400(srv, body, param):
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": user("x"), "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param.split(".")[0]), r.text
+
+
+# -- n / best_of -----------------------------------------------------------------------------
+def test_n_shares_the_first_choice_with_n1_and_best_of_picks_the_likeliest(srv):
+    body = {"prompt": "hello world", "max_tokens": 12, "temperature": 1.0, "seed": 42,
+            "ignore_eos": True}
+    one = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+    three = httpx.post(srv.url + "/v1/completions", json={**body, "n": 3}, timeout=60).json()
+    assert [c["index"] for c in three["choices"]] == [0, 1, 2]
+    assert three["choices"][0]["text"] == one["choices"][0]["text"]
+    assert len({c["text"] for c in three["choices"]}) > 1
+    assert three["usage"]["completion_tokens"] == 36
+    cands = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        **body, "n": 3, "logprobs": 0}).json()["choices"]
+    total = [sum(c["logprobs"]["token_logprobs"]) for c in cands]
+    best = httpx.post(srv.url + "/v1/completions", json={**body, "best_of": 3, "n": 1},
+                      timeout=60).json()
+    assert len(best["choices"]) == 1
+    assert best["choices"][0]["text"] == cands[total.index(max(total))]["text"]
+    assert best["usage"]["completion_tokens"] == 36
+    chat = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "messages": user("hi"), "n": 2, "max_tokens": 6, "temperature": 1.0, "seed": 1,
+        "stream": True}).text
+    indices = {json.loads(line[6:])["choices"][0]["index"] for line in chat.splitlines()
+               if line.startswith("data: {") and json.loads(line[6:])["choices"]}
+    assert indices == {0, 1}
+
+
+# -- logprobs, echo, prompt logprobs ------------------------------------------------------------
+def test_completion_logprobs_echo_and_prompt_logprobs(srv, client):
+    r = client.completions.create(model="tiny", prompt="hello world the model", max_tokens=3,
+                                  logprobs=2, echo=True, temperature=0,
+                                  extra_body={"repetition_penalty": 1.0})   # plain greedy
+    c = r.choices[0]
+    prompt_ids = httpx.post(srv.url + "/tokenize", json={"prompt": "hello world the model",
+                                                         "add_special_tokens": False}).json()
+    n_prompt = prompt_ids["count"]
+    lp = c.logprobs
+    assert c.text.startswith("hello world the model")
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n_prompt + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    for tok_lp, top in zip(lp.token_logprobs[n_prompt:], lp.top_logprobs[n_prompt:]):
+        assert tok_lp == pytest.approx(max(top.values()))    # greedy: the top one
+    raw = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": "hello world the model", "max_tokens": 2, "prompt_logprobs": 1,
+        "return_token_ids": True, "return_tokens_as_token_ids": True, "logprobs": 1}).json()
+    ch = raw["choices"][0]
+    assert len(ch["prompt_logprobs"]) == n_prompt and ch["prompt_logprobs"][0] is None
+    assert ch["prompt_token_ids"] == prompt_ids["tokens"] and len(ch["token_ids"]) == 2
+    assert all(t.startswith("token_id:") for t in ch["logprobs"]["tokens"])
+    # echo's prompt logprobs equal prompt_logprobs' for the same tokens
+    first = ch["prompt_logprobs"][1][str(prompt_ids["tokens"][1])]["logprob"]
+    assert first == pytest.approx(lp.token_logprobs[1], abs=1e-5)
+
+
+def test_truncate_prompt_tokens_and_cached_tokens_detail(srv):
+    long = "hello world the model " * 20
+    r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": long, "max_tokens": 2, "truncate_prompt_tokens": 10}).json()
+    assert r["usage"]["prompt_tokens"] == 10
+    httpx.post(srv.url + "/v1/completions", json={"prompt": long, "max_tokens": 1}, timeout=60)
+    again = httpx.post(srv.url + "/v1/completions", json={"prompt": long, "max_tokens": 1},
+                       timeout=60).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+
+
+# -- names, endpoints --------------------------------------------------------------------------
+def test_aliases_models_and_ping(srv, client):
+    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+    assert client.models.retrieve("tiny-alias").id == "tiny-alias"
+    r = client.completions.create(model="tiny-alias", prompt="x", max_tokens=2)
+    assert r.model == "tiny"      # the first name is the one reported
+    assert httpx.get(srv.url + "/ping").status_code == 200
+    assert httpx.post(srv.url + "/ping").status_code == 200
+    assert httpx.get(srv.url + "/openapi.json").json()["paths"]["/v1/chat/completions"]
+    assert httpx.get(srv.url + "/docs").status_code == 200
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+def test_vllm_metric_families_move(srv):
+    before = srv.metrics()
+    httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": "hello world", "max_tokens": 7, "ignore_eos": True, "n": 2, "temperature": 1})
+    wait_for(lambda: metric(srv.metrics(), "vllm:request_generation_tokens_count") >=
+             metric(before, "vllm:request_generation_tokens_count") + 2, 30)
+    after = srv.metrics()
+
+    def moved(name, by=None, **labels):
+        d = metric(after, name, **labels) - metric(before, name, **labels)
+        assert d > 0 if by is None else d == pytest.approx(by), (name, d)
+    moved("vllm:iteration_tokens_total_count")
+    moved("vllm:request_prompt_tokens_count", 2)
+    moved("vllm:request_generation_tokens_sum", 14)
+    moved("vllm:request_params_n_sum", 2)
+    moved("vllm:request_params_max_tokens_sum", 7)
+    for name in ("vllm:request_inference_time_seconds_count",
+                 "vllm:request_prefill_time_seconds_count",
+                 "vllm:request_decode_time_seconds_count"):
+        moved(name, 2)
+
+
+# -- reasoning ------------------------------------------------------------------------------
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_reasoning_content_split_streamed_and_not(tools_model, parser):
+    """The model's output is forced (a choice constraint: the history closes a think
+    block, so the grammar holds from the first token) to contain a think block."""
+    server = ThreadServer(tools_model, max_model_len=512, reasoning_parser=parser).start()
+    try:
+        forced = "<think>plan it</think>the answer" if parser == "qwen3" else \
+            "plan it</think>the answer"
+        body = {"messages": [{"role": "user", "content": "q"},
+                             {"role": "assistant", "content": "<think>x</think>y"},
+                             {"role": "user", "content": "again"}],
+                "max_tokens": 40, "temperature": 1.0,
+                "structured_outputs": {"choice": [forced]}}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+        msg = r["choices"][0]["message"]
+        assert msg["reasoning_content"] == "plan it" and msg["content"] == "the answer", msg
+        text = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60).text
+        reasoning = content = ""
+        for line in text.splitlines():
+            if not line.startswith("data: {"):
+                continue
+            for ch in json.loads(line[6:])["choices"]:
+                reasoning += ch["delta"].get("reasoning_content") or ""
+                content += ch["delta"].get("content") or ""
+        assert (reasoning, content) == ("plan it", "the answer")
+    finally:
+        server.stop()
