@@ -20,6 +20,7 @@ DEMO_MODEL = "pagefleet-demo"
 # --gpu-memory-utilization (its OOM remediation reads the pod's last exit code).
 CUDA_OOM_EXIT_CODE = 86
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
+MAX_TENSOR_PARALLEL_SIZE = 8   # the GPUs one node holds (the CRD bounds resources.gpus alike)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
@@ -71,8 +72,8 @@ class EngineConfig:
                                        "token budget, interleaved with decodes.")
     gpu_memory_utilization: float = opt(0.9, "Fraction of GPU memory the engine may use "
                                         "(weights + activations + KV cache).")
-    kv_cache_memory: int | None = opt(None, "KV cache size in bytes (CPU, or to override GPU "
-                                      "sizing). Default on CPU: 512 MiB.")
+    kv_cache_memory: int | None = opt(None, "KV cache size in bytes per rank (CPU, or to "
+                                      "override GPU sizing). Default on CPU: 512 MiB.")
     num_kv_blocks: int | None = opt(None, "Exact number of KV cache blocks (overrides sizing; "
                                     "for tests and experiments).", flag="--num-gpu-blocks-override")
     kv_cache_dtype: str = opt("auto", "KV cache dtype ('auto' = model dtype).",
@@ -86,7 +87,18 @@ class EngineConfig:
                                  "the forward (outputs are the same).")
     device: str = opt("auto", "Device to run on.", choices=("auto", "cpu", "cuda"))
     seed: int = opt(0, "Seed for sampling of requests that set no seed.")
-    tensor_parallel_size: int = opt(1, "Number of GPUs to shard over (only 1 is supported).")
+    tensor_parallel_size: int = opt(
+        1, "Number of GPUs one replica's model is sharded over (Megatron-style tensor "
+        "parallelism, one worker process per GPU, NCCL between them). Must divide the "
+        "model's attention heads. With --device cpu the ranks are CPU processes over gloo. "
+        "Short form: -tp N.")
+    pipeline_parallel_size: int = opt(
+        1, "Pipeline stages; only 1 is supported (use --tensor-parallel-size within a node, "
+        "and replicas across nodes). Short form: -pp N.")
+    distributed_executor_backend: str | None = opt(
+        None, "How the tensor-parallel workers run: 'mp' (one process per GPU, the only "
+        "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
+        "Default: uni for one GPU, mp for more.")
     max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
     quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
                                    "a bf16/fp16 one quantized at load), awq, gptq "
@@ -113,8 +125,20 @@ class EngineConfig:
              "must be >= 1")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling-policy",
              "must be fcfs or priority")
-        need(self.tensor_parallel_size == 1, "tensor-parallel-size",
-             "pagefleet runs one GPU per replica; scale out with replicas")
+        need(1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE,
+             "tensor-parallel-size",
+             f"must be between 1 and {MAX_TENSOR_PARALLEL_SIZE} (the GPUs of one node)")
+        need(self.pipeline_parallel_size == 1, "pipeline-parallel-size",
+             f"pipeline parallelism ({self.pipeline_parallel_size} stages) is not supported; "
+             "use --tensor-parallel-size to shard the model over the GPUs of one node, and "
+             "replicas to scale across nodes")
+        backend = self.distributed_executor_backend
+        need(backend in (None, "mp", "uni"), "distributed-executor-backend",
+             f"{backend!r} is not supported; use 'mp' (one worker process per GPU)")
+        need(not (backend == "uni" and self.tensor_parallel_size > 1),
+             "distributed-executor-backend",
+             f"'uni' runs one process, but --tensor-parallel-size is "
+             f"{self.tensor_parallel_size}; use 'mp'")
         need(self.max_logprobs >= 0, "max-logprobs", "must be >= 0")
         need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
              "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
@@ -211,6 +235,7 @@ class ServerConfig:
 FLAG_ALIASES: dict[str, str] = {
     "--disable-prefix-caching": "--no-enable-prefix-caching",
     "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
 }
 
 IGNORED_FLAGS: dict[str, int] = {

@@ -34,11 +34,12 @@ from pagefleet.server.engine.kv_cache import KVCacheManager
 from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
                                               CoreReady, CoreRequest, CoreStats, Logprobs)
 from pagefleet.server.engine.request import Request, Status
-from pagefleet.server.engine.runner import ModelRunner, StagedStep, resolve_device
+from pagefleet.server.engine.runner import StagedStep, resolve_device
 from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
 from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
 from pagefleet.server.engine.staging import StagingOverflow
 from pagefleet.server.engine.structured_requests import GrammarViolation, StructuredRequests
+from pagefleet.server.engine.tp_executor import make_runner
 from pagefleet.server.engine.validation import RequestRejected
 from pagefleet.server.models.config import ModelConfig
 
@@ -92,11 +93,17 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(config, self.model_cfg)
         self.eos_token_ids = tuple(eos_token_ids if eos_token_ids is not None
                                    else self.model_cfg.eos_token_ids)
-        self.runner = ModelRunner(config, self.model_dir, self.model_cfg, self.max_model_len)
-        self.device = self.runner.device
-        self.sampler = Sampler(self.model_cfg.vocab_size, self.device, config.max_num_seqs,
-                               seed=config.seed)
-        self.runner.init_kv_cache()
+        # One device: a ModelRunner. Tensor parallel: rank 0's driver, which starts the
+        # other ranks' workers and has them execute every step with it (tp_executor.py).
+        self.runner = make_runner(config, self.model_dir, self.model_cfg, self.max_model_len)
+        try:
+            self.device = self.runner.device
+            self.sampler = Sampler(self.model_cfg.vocab_size, self.device, config.max_num_seqs,
+                                   seed=config.seed)
+            self.runner.init_kv_cache()
+        except BaseException:
+            self.shutdown()
+            raise
         self.kv = KVCacheManager(self.runner.layout.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, max_num_seqs=config.max_num_seqs,
@@ -372,6 +379,17 @@ class EngineCore:
                 "running": sorted(self.scheduler.running),
                 "waiting": sorted(r.request_id for r in self.scheduler.waiting),
                 "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks}
+
+    def parallel_info(self) -> dict:
+        """The tensor-parallel ranks: pids, devices, loaded shards (tests, utilities)."""
+        info = getattr(self.runner, "parallel_info", None)
+        return info() if info is not None else {"tensor_parallel_size": 1}
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one device)."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def check_whole(self) -> dict:
         self.kv.check_whole()

@@ -40,7 +40,7 @@ from pagefleet.server.engine.protocol import (CoreAbort, CoreError, CoreFailure,
 log = logging.getLogger("pagefleet.engine.core")
 
 SHUTDOWN = "shutdown"
-UTILITIES = ("counters", "check_whole", "stats")
+UTILITIES = ("counters", "check_whole", "stats", "parallel_info")
 
 
 class CoreStartupError(RuntimeError):
@@ -78,6 +78,7 @@ def core_main(config: EngineConfig, model_dir: str, eos_token_ids: tuple[int, ..
     def send(msg) -> None:
         out.send(enc.encode(msg), copy=False)
 
+    _exit_on_worker_failure(from_core)
     try:
         from pagefleet.server.engine.core import EngineCore
 
@@ -95,7 +96,29 @@ def core_main(config: EngineConfig, model_dir: str, eos_token_ids: tuple[int, ..
         _exit(ctx, 1)
     send(core.ready_info())
     code = CoreLoop(core, inp, send, parent_pid).run()
+    if code == 0:
+        core.shutdown()
     _exit(ctx, code)
+
+
+def _exit_on_worker_failure(from_core: str) -> None:
+    """A dead tensor-parallel worker stops the core at once (its collectives could hang):
+    the watchdog thread reports the error on a socket of its own (its own context, so
+    the message is flushed before the exit) and exits; the API process then fails every
+    open request and exits too."""
+    from pagefleet.server.engine import tp_executor
+
+    def handler(kind: str, message: str) -> None:
+        ctx = zmq.Context(io_threads=1)
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(from_core)
+        sock.send(msgspec.msgpack.encode(CoreError(
+            kind if kind in ("config", "oom", "startup") else "fatal", message)))
+        ctx.destroy(linger=2000)
+        sys.stderr.flush()
+        os._exit(CUDA_OOM_EXIT_CODE if kind == "oom" else 2 if kind == "config" else 1)
+
+    tp_executor.set_failure_handler(handler)
 
 
 def _exit(ctx: zmq.Context, code: int) -> None:

@@ -121,6 +121,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also stop when this object
+        is collected or the process exits)."""
+        self.core.shutdown()
+
     def step(self) -> list[RequestOutput]:
         """One engine step: the outputs of requests that progressed (as each asked:
         delta, cumulative, or only when finished)."""

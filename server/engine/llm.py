@@ -59,3 +59,7 @@ class LLM:
 
     def stats(self) -> dict:
         return dataclasses.asdict(self.engine.stats())
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers now (else when the LLM is collected)."""
+        self.engine.shutdown()

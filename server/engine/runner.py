@@ -106,12 +106,20 @@ class CacheLayout:
 
 
 class ModelRunner:
+    """One rank's model, KV cache and step execution.
+
+    `tp` is the tensor-parallel group when the model is sharded (None: one device, and
+    nothing here does anything extra). Every rank runs this same class on the same
+    staged inputs; only rank 0 stages them and gets the logits (see tp_executor.py).
+    """
+
     def __init__(self, config: EngineConfig, model_dir: Path, model_cfg: ModelConfig,
-                 max_model_len: int, ops: type[Ops] | None = None) -> None:
+                 max_model_len: int, ops: type[Ops] | None = None, tp=None) -> None:
         self.config = config
         self.model_cfg = model_cfg
         self.max_model_len = max_model_len
-        self.device = resolve_device(config.device)
+        self.tp = tp
+        self.device = resolve_device(config.device) if tp is None else tp.device
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads())
         self.dtype = resolve_dtype(config.dtype, model_cfg, self.device)
@@ -125,8 +133,11 @@ class ModelRunner:
             self._check_free_memory()
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
                                                     self.ops, max_positions=max_model_len,
-                                                    quantization=config.quantization)
+                                                    quantization=config.quantization,
+                                                    **({"tp": tp} if tp is not None else {}))
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # KV heads this rank holds (all of them without tensor parallelism).
+        self.num_kv_heads = self.model.attention_layers()[0].num_kv_heads
         if self.model.quant_info is not None:   # the quantized size and the KV room it frees
             log.info("%s", self.model.quant_info.log_line(self.bytes_per_block() // self.block_size))
         self._setup_step_buffers()
@@ -144,7 +155,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         c = self.model_cfg
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * elem
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * elem
 
     def _size_kv_cache(self) -> CacheLayout:
         per_block = self.bytes_per_block()
@@ -157,9 +168,19 @@ class ModelRunner:
             num_blocks = budget // per_block
         else:
             num_blocks = self._gpu_blocks(per_block)
+        if self.tp is not None:   # every rank must hold the same blocks: the fewest wins
+            from pagefleet.server.engine.tp_executor import agree_on_blocks
+
+            num_blocks = agree_on_blocks(self.tp, num_blocks, self.weights_bytes, per_block)
         layout = CacheLayout(num_blocks, self.block_size, per_block)
-        log.info("KV cache: %d blocks = %d tokens (%.2f GiB)", num_blocks, layout.num_tokens,
-                 num_blocks * per_block / GiB)
+        if self.tp is None:
+            log.info("KV cache: %d blocks = %d tokens (%.2f GiB)", num_blocks, layout.num_tokens,
+                     num_blocks * per_block / GiB)
+        else:
+            n = self.tp.world_size
+            log.info("KV cache: %d blocks = %d tokens (%.2f GiB per rank, %.2f GiB over %d "
+                     "ranks)", num_blocks, layout.num_tokens, num_blocks * per_block / GiB,
+                     n * num_blocks * per_block / GiB, n)
         need = -(-self.max_model_len // self.block_size)
         log.info("Maximum concurrency for %d tokens per request: %.2fx", self.max_model_len,
                  num_blocks / need if need else 0.0)
@@ -230,7 +251,7 @@ class ModelRunner:
         c, dev, bs = self.model_cfg, self.device, self.block_size
         lens = [min(self.max_model_len, n - i) for i in range(0, n, self.max_model_len)]
         blocks = [-(-ln // bs) for ln in lens]
-        shape = (sum(blocks), bs, c.num_kv_heads, c.head_dim)
+        shape = (sum(blocks), bs, self.num_kv_heads, c.head_dim)
         scratch = [(torch.zeros(shape, dtype=self.kv_dtype, device=dev),
                     torch.zeros(shape, dtype=self.kv_dtype, device=dev))
                    for _ in range(c.num_layers)]
@@ -252,18 +273,20 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(ids, meta)
             rows = min(n, self.config.max_num_seqs)
-            logits = self.model.compute_logits(hidden[-rows:]).float()
+            logits = self._logits(hidden[-rows:])
             del hidden
-            probs = logits.softmax(dim=-1)
-            noise = torch.empty_like(probs).exponential_()
-            (probs / noise).argmax(dim=-1)
-            del logits, probs, noise
+            if logits is not None:   # the rank that samples
+                probs = logits.softmax(dim=-1)
+                noise = torch.empty_like(probs).exponential_()
+                (probs / noise).argmax(dim=-1)
+                del probs, noise
+            del logits
         self._bind_cache([])
         return sum(k.numel() * k.element_size() * 2 for k, _ in scratch)
 
     def _allocate_kv_cache(self) -> None:
         c = self.model_cfg
-        shape = (self.layout.num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        shape = (self.layout.num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                            torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
                           for _ in range(c.num_layers)]
@@ -442,7 +465,7 @@ class ModelRunner:
             else:
                 hidden = self._decode_forward(step.padded, step.width)
             self.last_prepare_s = time.perf_counter() - t0
-            return self.model.compute_logits(hidden[:step.num_samples]).float()
+            return self._logits(hidden[:step.num_samples])
         ids = self._input_ids(tok[0], tok[3])
         meta = AttentionMetadata(
             positions=tok[1], slot_mapping=tok[2],
@@ -456,8 +479,14 @@ class ModelRunner:
         if step.num_samples == 0:
             return torch.empty(0, self.model_cfg.vocab_size, device=self.device)
         if step.num_samples == step.num_tokens:
-            return self.model.compute_logits(hidden).float()
-        return self.model.compute_logits(hidden.index_select(0, st.get(step.sample_rows))).float()
+            return self._logits(hidden)
+        return self._logits(hidden.index_select(0, st.get(step.sample_rows)))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits `[rows, vocab]`; None on tensor-parallel ranks other than 0
+        (their vocabulary shards went to rank 0)."""
+        logits = self.model.compute_logits(hidden)
+        return logits.float() if logits is not None else None
 
     def _input_ids(self, ids: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
         """Known ids, with pending decodes' ids read from the previous step's samples."""
@@ -576,7 +605,10 @@ class PromptLogprobRows:
         top_i = torch.empty(self.count, k, dtype=torch.long, device=dev)
         for j in range(0, self.count, PROMPT_LOGPROB_SLICE):
             sl = slice(j, min(j + PROMPT_LOGPROB_SLICE, self.count))
-            lp = model.compute_logits(hidden.index_select(0, rows[sl])).float().log_softmax(-1)
+            logits = model.compute_logits(hidden.index_select(0, rows[sl]))
+            if logits is None:   # a tensor-parallel worker: its vocabulary shard went to rank 0
+                continue
+            lp = logits.float().log_softmax(-1)
             c = lp.gather(1, targets[sl].unsqueeze(1))
             chosen[sl] = c.squeeze(1)
             ranks[sl] = (lp > c).sum(dim=-1) + 1

@@ -128,5 +128,35 @@ class Staging:
         n = int(np.prod(shape)) if shape else 1
         return self.lanes[kind].view(start, n).view(shape)
 
+    # -- tensor parallelism: other ranks execute the same step from a copy ---------------
+    def host(self, handle: int) -> np.ndarray:
+        """The packed host array of a handle (rank 0 reads step facts from it)."""
+        kind, start, shape = self._spans[handle]
+        n = int(np.prod(shape)) if shape else 1
+        lane = self.lanes[kind]
+        return lane.host_np[lane.which][start:start + n].reshape(shape)
+
+    def layout(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """The spans packed so far this step (what `load_layout` recreates)."""
+        return list(self._spans)
+
+    def used(self, kind: str) -> int:
+        return self.lanes[kind].used
+
+    def region(self, kind: str, n: int) -> torch.Tensor:
+        """The first `n` elements of a lane where the step's kernels read them (the
+        device buffer; on the CPU the current host buffer)."""
+        return self.lanes[kind].view(0, n)
+
+    def load_layout(self, spans: list, used: dict[str, int]) -> None:
+        """Adopt another rank's layout for this step (after `begin()`); the data comes
+        into `region()` by a broadcast, so `get()` then returns the same arrays."""
+        for kind, n in used.items():
+            lane = self.lanes[kind]
+            if n > lane.capacity:
+                lane._grow(max(n, lane.capacity * 2))
+            lane.used = n
+        self._spans = [(kind, start, tuple(shape)) for kind, start, shape in spans]
+
 
 StagingOverflow = _Overflow

@@ -3,8 +3,16 @@ per-head q/k RMSNorm (ModelConfig.qkv_bias / qk_norm).
 
 Projections are fused (qkv, gate|up) for fewer, larger matmuls; the loader copies HF's
 separate weights into their shards. Each projection is a `models/linear.py` layer whose
-method (unquantized, fp8, AWQ, GPTQ) the checkpoint's quantization config picks. Attention reads and writes the paged KV cache through the
-batch's `AttentionMetadata`, so one forward serves any mix of prefills and decodes.
+method (unquantized, fp8, AWQ, GPTQ) the checkpoint's quantization config picks.
+Attention reads and writes the paged KV cache through the batch's `AttentionMetadata`,
+so one forward serves any mix of prefills and decodes.
+
+Tensor parallelism (`tp`, a `distributed.comm.TPGroup`; None on one device, and then
+nothing below adds an op): Megatron-style. q|k|v and gate|up are column-parallel (each
+rank its heads, KV heads replicated when there are fewer than ranks, and its slice of
+the intermediate size); o_proj and down_proj are row-parallel and followed by an
+all-reduce; the embedding and lm_head hold a range of the vocabulary each: the
+embedding's partial lookups are all-reduced, the logits gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ from torch import nn
 
 from pagefleet.server.models.config import ModelConfig
 from pagefleet.server.models.linear import (LinearBase, MergedColumnParallelLinear,
-                                            QKVParallelLinear, RowParallelLinear)
+                                            QKVParallelLinear, RowParallelLinear,
+                                            WeightLoadError)
 from pagefleet.server.ops import activation, attention, layernorm, quant, rotary
 
 
@@ -76,21 +85,30 @@ def _linear(layer: LinearBase, ops: type[Ops]) -> LinearBase:
     return layer
 
 
+def _tp_kw(tp) -> dict:
+    return {"tp_rank": tp.rank, "tp_size": tp.world_size} if tp is not None else {}
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "",
+                 tp=None) -> None:
         super().__init__()
         self.ops = ops
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.tp = tp
         hf = [f"{prefix}.{n}" for n in ("q_proj", "k_proj", "v_proj")]
         self.qkv_proj = _linear(QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.qkv_bias,
-            method=_method(quant, hf), prefix=f"{prefix}.qkv_proj"), ops)
+            method=_method(quant, hf), prefix=f"{prefix}.qkv_proj", **_tp_kw(tp)), ops)
+        # This rank's heads (all of them on one device).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
         self.o_proj = _linear(RowParallelLinear(
-            self.q_size, cfg.hidden_size, bias=False,
-            method=_method(quant, [f"{prefix}.o_proj"]), prefix=f"{prefix}.o_proj"), ops)
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False,
+            method=_method(quant, [f"{prefix}.o_proj"]), prefix=f"{prefix}.o_proj",
+            **_tp_kw(tp)), ops)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_cache: torch.Tensor | None = None
@@ -124,33 +142,39 @@ class Attention(nn.Module):
             self.ops.prefill_attention(q[d:], self.k_cache, self.v_cache, meta.cu_seqlens_q,
                                        meta.context_lens[d:], meta.block_tables[d:], self.scale,
                                        meta.k_scale, meta.v_scale, out=o[d:])
-        return self.o_proj(o.reshape(n, self.q_size))
+        out = self.o_proj(o.reshape(n, self.q_size))
+        return self.tp.all_reduce(out) if self.o_proj.reduce_results else out
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "",
+                 tp=None) -> None:
         super().__init__()
         self.ops = ops
+        self.tp = tp
         hf = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
         self.gate_up_proj = _linear(MergedColumnParallelLinear(
             cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False, method=_method(quant, hf),
-            prefix=f"{prefix}.gate_up_proj"), ops)
+            prefix=f"{prefix}.gate_up_proj", **_tp_kw(tp)), ops)
         self.down_proj = _linear(RowParallelLinear(
             cfg.intermediate_size, cfg.hidden_size, bias=False,
-            method=_method(quant, [f"{prefix}.down_proj"]), prefix=f"{prefix}.down_proj"), ops)
+            method=_method(quant, [f"{prefix}.down_proj"]), prefix=f"{prefix}.down_proj",
+            **_tp_kw(tp)), ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(out) if self.down_proj.reduce_results else out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, ops: type[Ops], quant=None, prefix: str = "",
+                 tp=None) -> None:
         super().__init__()
         self.ops = ops
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, ops, quant, f"{prefix}.self_attn")
+        self.self_attn = Attention(cfg, ops, quant, f"{prefix}.self_attn", tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, ops, quant, f"{prefix}.mlp")
+        self.mlp = MLP(cfg, ops, quant, f"{prefix}.mlp", tp)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,18 +189,49 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+def _vocab_param(rows: int, hidden: int, start: int, vocab_size: int) -> nn.Parameter:
+    """An embedding-shaped parameter holding vocabulary rows [start, start + rows); rows
+    past the vocabulary (the last rank's padding) stay zero. Its `vocab_loader` copies
+    just those rows from a checkpoint tensor (a `LazyTensor` reads only them)."""
+    p = _param(rows, hidden)
+    n = max(0, min(rows, vocab_size - start))
+
+    def load(loaded, name: str) -> None:
+        if tuple(loaded.shape) != (vocab_size, hidden):
+            raise WeightLoadError(f"{name}: shape {tuple(loaded.shape)} does not match the "
+                                  f"config's {(vocab_size, hidden)}")
+        p.data[n:].zero_()
+        p.data[:n].copy_(loaded.narrow(0, start, n).to(dtype=p.dtype))
+
+    p.vocab_loader = load
+    return p
+
+
 class DecoderForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: type[Ops] = Ops, max_positions: int | None = None,
-                 quant=None) -> None:
+                 quant=None, tp=None) -> None:
         """`quant`: the checkpoint's `QuantConfig` (models/quantization/), None when the
-        linear layers are unquantized; embeddings, norms and lm_head never are."""
+        linear layers are unquantized; embeddings, norms and lm_head never are. `tp`:
+        the tensor-parallel group this rank belongs to (None: one device)."""
         super().__init__()
-        self.cfg, self.ops = cfg, ops
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, quant, f"model.layers.{i}")
+        self.cfg, self.ops, self.tp = cfg, ops, tp
+        size = tp.world_size if tp is not None else 1
+        self.vocab_per_rank = -(-cfg.vocab_size // size)
+        self.vocab_start = self.vocab_per_rank * (tp.rank if tp is not None else 0)
+        rows, h = self.vocab_per_rank, cfg.hidden_size
+        if tp is None:
+            self.embed_tokens = _param(cfg.vocab_size, h)
+        else:
+            self.embed_tokens = _vocab_param(rows, h, self.vocab_start, cfg.vocab_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, quant, f"model.layers.{i}", tp)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        elif tp is None:
+            self.lm_head = _param(cfg.vocab_size, h)
+        else:
+            self.lm_head = _vocab_param(rows, h, self.vocab_start, cfg.vocab_size)
         n_pos = max(max_positions or 0, cfg.max_position_embeddings)
         self.register_buffer("cos_sin", rotary.cos_sin_cache(
             cfg.head_dim, n_pos, cfg.rope_theta, cfg.rope_scaling), persistent=False)
@@ -186,13 +241,25 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[T, hidden]` after the final norm."""
-        x = nn.functional.embedding(input_ids, self.embed_tokens)
+        if self.tp is None:
+            x = nn.functional.embedding(input_ids, self.embed_tokens)
+        else:   # this rank's rows; the others' are zeros here, so the sum is exact
+            local = input_ids - self.vocab_start
+            mine = (local >= 0) & (local < self.vocab_per_rank)
+            x = nn.functional.embedding(torch.where(mine, local, 0), self.embed_tokens)
+            x = self.tp.all_reduce(x.masked_fill(~mine.unsqueeze(1), 0.0))
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, meta, self.cos_sin)
         x, _ = self.ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits `[rows, vocab]`; with tensor parallelism rank 0 gathers every rank's
+        vocabulary range and the other ranks get None."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return nn.functional.linear(hidden, head)
+        logits = nn.functional.linear(hidden, head)
+        if self.tp is None:
+            return logits
+        full = self.tp.gather_cat(logits, dim=-1)
+        return full[:, :self.cfg.vocab_size] if full is not None else None

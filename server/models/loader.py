@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from pagefleet.server.models.config import ModelConfig
+from pagefleet.server.models.lazy_tensor import LazyTensor, ReadStats
 from pagefleet.server.models.decoder import DecoderForCausalLM, Ops
 from pagefleet.server.models.linear import LinearBase, WeightLoadError
 from pagefleet.server.models.quantization import QuantConfig, resolve_quantization, tensor_index
@@ -90,10 +91,18 @@ def _dense_dtype_name(index) -> str | None:
 def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                device: torch.device, ops: type[Ops] = Ops,
                max_positions: int | None = None,
-               quantization: str | None = None) -> DecoderForCausalLM:
+               quantization: str | None = None, tp=None) -> DecoderForCausalLM:
     """The model with its weights; `quantization` is `--quantization` (None: the
-    checkpoint's own format). A flag that does not fit the checkpoint is a ConfigError."""
+    checkpoint's own format). A flag that does not fit the checkpoint is a ConfigError.
+
+    `tp`: this rank's tensor-parallel group (None: one device). Then every checkpoint
+    tensor is handed to its loader as a `LazyTensor`, so the rank reads from the files
+    only the rows/columns its shard keeps; `last_load_stats` says how many bytes that
+    was and how much the process's peak memory grew while loading.
+    """
     model_dir = Path(model_dir)
+    rss0 = _reset_peak_rss()
+    stats = ReadStats()
     files = safetensors_files(model_dir)
     index = tensor_index(files)
     quant = resolve_quantization(model_dir, cfg.quantization_config, quantization, index,
@@ -102,7 +111,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = DecoderForCausalLM(cfg, ops, max_positions, quant)
+            model = DecoderForCausalLM(cfg, ops, max_positions, quant, tp=tp)
     finally:
         torch.set_default_dtype(prev)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, LinearBase)}
@@ -111,6 +120,11 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     filled = dict.fromkeys(params, False)
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
+            if tp is None:
+                get = f.get_tensor
+            else:
+                def get(name: str, f=f) -> LazyTensor:
+                    return LazyTensor(f.get_slice(name), stats)
             for hf_name in f.keys():
                 if "rotary_emb.inv_freq" in hf_name:
                     continue
@@ -118,7 +132,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                 if route is not None:
                     layer_name, tensor, shard = route
                     layer = linears[layer_name]
-                    layer.load_weight(tensor, f.get_tensor(hf_name), shard)
+                    layer.load_weight(tensor, get(hf_name), shard)
                     if not layer.missing():
                         layer.finish_loading()
                     continue
@@ -128,7 +142,12 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                 if name not in params:
                     raise WeightLoadError(f"{path.name}: unexpected tensor {hf_name!r} "
                                           f"for {cfg.architecture}")
-                tensor = f.get_tensor(hf_name)
+                tensor = get(hf_name)
+                vocab_loader = getattr(params[name], "vocab_loader", None)
+                if vocab_loader is not None:   # a vocabulary range (tensor parallel)
+                    vocab_loader(tensor, hf_name)
+                    filled[name] = True
+                    continue
                 dest = params[name].data
                 if tuple(dest.shape) != tuple(tensor.shape):
                     raise WeightLoadError(f"{hf_name}: shape {tuple(tensor.shape)} does not "
@@ -144,7 +163,43 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
         layer.finish_loading()
     model.quant = quant
     model.quant_info = _quant_info(quant, linears.values(), dtype)
+    last_load_stats.clear()
+    last_load_stats.update(
+        bytes_read=stats.bytes_read if tp is not None else sum(p.stat().st_size for p in files),
+        checkpoint_bytes=sum(p.stat().st_size for p in files),
+        param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        # Peak resident memory while loading minus resident memory before (None where
+        # /proc cannot reset the peak).
+        peak_rss_growth=max(0, _peak_rss_bytes() - rss0) if rss0 is not None else None)
     return model
+
+
+# What the last load_model in this process read, for the startup log and the tests.
+last_load_stats: dict = {}
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise ValueError(field)
+
+
+def _reset_peak_rss() -> int | None:
+    """Reset the process's peak resident memory to its current value (Linux: "5" to
+    /proc/self/clear_refs) and return that value in bytes; None if not possible. A
+    plain ru_maxrss would include peaks from before, even from before an exec."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return _status_kib("VmRSS") * 1024
+    except (OSError, ValueError):
+        return None
+
+
+def _peak_rss_bytes() -> int:
+    return _status_kib("VmHWM") * 1024
 
 
 def _quant_info(quant: QuantConfig | None, linears, dtype: torch.dtype) -> QuantInfo | None:

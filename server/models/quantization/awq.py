@@ -26,8 +26,12 @@ class AWQLinearMethod(Int4Method):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        input_size, output_size, params_dtype):
-        g = self.group_size if self.group_size > 0 else input_size
         k, n = input_size_per_partition, sum(output_partition_sizes)
+        # Per channel (group_size <= 0): one group spanning the rows, the same on every
+        # rank of a row-parallel layer (its scales are not split along the input).
+        per_channel = self.group_size <= 0
+        g = k if per_channel else self.group_size
+        in_dim = None if per_channel else 0
         if k % g:
             raise bad_config("AWQ", f"{layer.prefix}: input size {k} is not a multiple of the "
                              f"group size {g}")
@@ -38,9 +42,10 @@ class AWQLinearMethod(Int4Method):
             torch.empty(k, n // 8, dtype=torch.int32), output_dim=1, output_div=8, input_dim=0))
         layer.register_parameter("qzeros", make_param(
             torch.empty(k // g, n // 8, dtype=torch.int32), output_dim=1, output_div=8,
-            input_dim=0, input_div=g))
+            input_dim=in_dim, input_div=g))
         layer.register_parameter("scales", make_param(
-            torch.empty(k // g, n, dtype=self.scale_dtype), output_dim=1, input_dim=0, input_div=g))
+            torch.empty(k // g, n, dtype=self.scale_dtype), output_dim=1, input_dim=in_dim,
+            input_div=g))
         layer.awq_group = g
 
     def process_weights_after_loading(self, layer):

@@ -34,8 +34,11 @@ class GPTQLinearMethod(Int4Method):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        input_size, output_size, params_dtype):
-        g = self.group_size if self.group_size > 0 else input_size
         k, n = input_size_per_partition, sum(output_partition_sizes)
+        # Per channel (group_size <= 0): one group spanning the rows, the same on every
+        # rank of a row-parallel layer (its scales are not split along the input).
+        per_channel = self.group_size <= 0
+        g = k if per_channel else self.group_size
         if k % 8:
             raise bad_config("GPTQ", f"{layer.prefix}: input size {k} is not a multiple of 8")
         if any(p % 8 for p in output_partition_sizes):
@@ -46,8 +49,8 @@ class GPTQLinearMethod(Int4Method):
             raise bad_config("GPTQ", f"{layer.prefix}: the input partition {k} is not a "
                              f"multiple of the group size {g}")
         # Row-parallel act-order layers keep every group (any row may use any of them).
-        groups_in = partitioned_in and not self.desc_act
-        groups = -(-(k if groups_in else input_size) // g)
+        groups_in = partitioned_in and not self.desc_act and not per_channel
+        groups = 1 if per_channel else -(-(k if groups_in else input_size) // g)
         in_dim = 0 if groups_in else None
         layer.register_parameter("qweight", make_param(
             torch.empty(k // 8, n, dtype=torch.int32), output_dim=1, input_dim=0, input_div=8))
