@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig, resolve_limits
-from pagefleet.server.engine import faults
+from pagefleet.server.engine import faults, warmup
 from pagefleet.server.engine.kv_cache import KVCacheManager
 from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
                                               CoreReady, CoreRequest, CoreStats, Logprobs)
@@ -122,6 +122,11 @@ class EngineCore:
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
         self._last_step_tokens = 0
+        try:
+            warmup.warm_up(self)   # lazy compiles now, not in a user's step
+        except BaseException:
+            self.shutdown()
+            raise
 
     def ready_info(self) -> CoreReady:
         return CoreReady(max_model_len=self.max_model_len, num_blocks=self.kv.num_blocks,

@@ -178,6 +178,16 @@ class KVCacheManager:
             if block.ref_count == 0:
                 self.free[b] = None
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block hash (only while no request holds blocks: a
+        running request's published blocks must stay findable). True if it did."""
+        if self.req_blocks:
+            return False
+        self.cached.clear()
+        for block in self.blocks:
+            block.hash = None
+        return True
+
     def check_whole(self) -> None:
         """Assert the pool is whole: no request holds blocks, every ref count is 0."""
         assert not self.req_blocks, f"requests still hold blocks: {list(self.req_blocks)}"

@@ -29,6 +29,16 @@ DECODE_CONFIG = {
     "target_programs": None,  # None: 2 x multiprocessor count
 }
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+# Specializations: Triton compiles a kernel again for every new constexpr value and for
+# every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
+# (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
+# rows, cu_seqlens) are slices of the staging buffer at arbitrary offsets, and the
+# number of prefill sequences changes every step; specializing on them compiled a new
+# prefill variant (0.3-0.7 s on an H200, every stream stalled) dozens of times while
+# serving. So those pointers are not specialized on alignment (they are read a scalar
+# at a time), and the prefill kernel's sequence search runs over at least
+# PREFILL_SEQ_BLOCK sequences: one variant up to 256 prefills in a step.
+PREFILL_SEQ_BLOCK = 256
 
 _LOG2E = 1.4426950408889634
 # Triton's CPU interpreter (TRITON_INTERPRET=1, the CI path) computes bf16 `tl.dot`
@@ -59,7 +69,7 @@ def _pow2(n: int) -> int:
 
 # -- KV cache write ----------------------------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kvcache_kernel(key_ptr, value_ptr, kc_ptr, vc_ptr, slot_ptr, k_scale, v_scale,
                           stride_kt, stride_kh, stride_vt, stride_vh,
                           H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -107,7 +117,7 @@ def _dot(a, b, F32: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr,
                    qk_scale, k_scale, v_scale, part, num_splits,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
@@ -168,7 +178,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=smask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["ctx_ptr"])
 def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, part, num_splits,
                           stride_ob, stride_oh,
                           NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -253,7 +263,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 # -- prefill (varlen, over the paged cache) ------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"],
+            do_not_specialize_on_alignment=["cu_ptr", "ctx_ptr", "bt_ptr"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
                     qk_scale, k_scale, v_scale, num_seqs,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
@@ -342,6 +353,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=num_heads // num_kv_heads, D=head_dim, BLOCK_D=max(16, _pow2(head_dim)),
         BS=block_size, BLOCK_M=block_m,
-        BLOCK_N=cfg["block_n"], BLOCK_B=_pow2(num_seqs), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
+        BLOCK_N=cfg["block_n"], BLOCK_B=max(_pow2(num_seqs), PREFILL_SEQ_BLOCK), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

@@ -11,7 +11,7 @@ import triton.language as tl
 BLOCK = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["bitmask_ptr", "rows_ptr"])
 def _apply_bitmask_kernel(logits_ptr, bitmask_ptr, rows_ptr, vocab, words,
                           stride_logits, stride_bitmask, HAS_ROWS: tl.constexpr,
                           BLOCK: tl.constexpr):

@@ -119,7 +119,7 @@ def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
     return res
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN"])   # tokens x N: changes every step
 def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
                           HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -185,7 +185,7 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
              out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -297,7 +297,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
              out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
                      stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
                      ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,

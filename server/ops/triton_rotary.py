@@ -29,7 +29,7 @@ def _rotate(x_ptr, o_ptr, cos, sin, t, stride_t, stride_h, H, HALF: tl.constexpr
     tl.store(obase + HALF, o2, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])   # staging slices: any offset
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cs_ptr, qo_ptr, ko_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, HQ, HK,
                    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])   # a staging slice
 def _penalize_scale_kernel(logits_ptr, stride_l, mask_ptr, counts_ptr, stride_s, slots_ptr,
                            params_ptr, stride_p, vocab,
                            COL_TEMP: tl.constexpr, COL_REP: tl.constexpr,

@@ -28,6 +28,9 @@ def gw_model(tiny_models):
 def backends(gw_model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("backend-logs")
     fleet = {f"short-{i}": Backend(f"short-{i}", gw_model, SHORT_ARGS, logs) for i in range(3)}
+    # short-1 also answers to the names test_kube's ModelDeployments give their pods (a
+    # pod serves its ModelDeployment's servedModelName; the server 404s any other).
+    fleet["short-1"] = Backend("short-1", gw_model, SHORT_ARGS, logs, served=("tiny", "keyed", "nokey"))
     fleet["long-0"] = Backend("long-0", gw_model, LONG_ARGS, logs)
     try:
         for b in fleet.values():

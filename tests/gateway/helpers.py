@@ -26,8 +26,10 @@ __all__ = ["Backend", "GatewayThread", "GatewayProcess", "metric", "wait_for", "
 class Backend:
     """`pagefleet serve MODEL ARGS` on a fixed port; kill() and start() again."""
 
-    def __init__(self, name: str, model_dir: Path, args: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, model_dir: Path, args: list[str], log_dir: Path,
+                 served: tuple[str, ...] = ("tiny",)) -> None:
         self.name = name
+        self.served = served
         self.model_dir = model_dir
         self.args = args
         self.port = free_port()
@@ -40,7 +42,7 @@ class Backend:
         exe = Path(sys.executable).with_name("pagefleet")
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(exe), "serve", str(self.model_dir), "--served-model-name", "tiny", *self.args,
+            [str(exe), "serve", str(self.model_dir), "--served-model-name", *self.served, *self.args,
              "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, "PAGEFLEET_LOG_LEVEL": "INFO"})

@@ -228,10 +228,13 @@ async def test_gateway_uses_the_api_key_secrets(emulator, backends, tmp_path, mo
                           json={"model": model, "prompt": f"hello {marker}", "max_tokens": 2})
 
     def upstream_auth(marker: str) -> str | None:
+        # A kept-alive connection carries several requests: find the one with the marker.
         for rec in list(proxy.connections):
-            req = bytes(rec["request"])
-            if marker.encode() in req:
-                head = req.split(b"\r\n\r\n")[0].decode().lower().splitlines()
+            sent = bytes(rec["request"])
+            at = sent.find(marker.encode())
+            if at >= 0:
+                start = sent.rfind(b"POST ", 0, at)
+                head = sent[start:].split(b"\r\n\r\n")[0].decode().lower().splitlines()
                 return next((h.split(":", 1)[1].strip() for h in head if h.startswith("authorization:")), None)
         raise KeyError(marker)
 

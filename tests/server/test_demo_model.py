@@ -208,3 +208,29 @@ def test_wheel_and_sdist_carry_the_checkpoint(tmp_path):
         in_sdist = sorted(n.rsplit("/", 1)[1] for n in sdist.getnames()
                           if "/server/demo/model/" in n)
     assert in_wheel == shipped and in_sdist == shipped
+
+
+def test_documented_greedy_replies_are_the_models(llm, tok):
+    """docs/demo.md shows real replies: every greedy reply in its samples table (plain
+    questions) and the Kubernetes example's reply to "Hello" are what the shipped
+    checkpoint answers at temperature 0."""
+    import re
+    from pathlib import Path
+
+    from pagefleet.server import SamplingParams
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    table = doc[doc.index("## Sample replies"):doc.index("## On Kubernetes")]
+    expected = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and "(" not in cells[0] and cells[0] not in ("question", "---"):
+            expected[cells[0]] = cells[1]
+    k8s = doc[doc.index("## On Kubernetes"):]
+    expected["Hello"] = re.search(r"`\"temperature\": 0`:\n\n```\n(.*?)\n```", k8s, re.S).group(1)
+    assert len(expected) >= 8, expected
+    questions = list(expected)
+    prompts = [chat_prompt(tok, [{"role": "user", "content": q}]) for q in questions]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=160))
+    got = {q: o.outputs[0].text.strip() for q, o in zip(questions, outs)}
+    assert got == expected

@@ -313,3 +313,41 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
         llm.engine.kv.check_whole()
     assert outs["triton-padded"] == outs["torch"]
     assert sum(len(set(s)) for s in outs["torch"]) >= 3 * len(prompts)
+
+
+def test_warm_up_reaches_every_kernel_variant_a_workload_does(tiny_models):
+    """Triton compiles a kernel once per variant (constexprs, int/pointer
+    specializations); one met first while serving stalls every stream for the compile.
+    After the engine's warm-up, a varied workload (1 to 6 prompts per wave, greedy and
+    sampled, prefix hits, mixed decode + prefill steps, different lengths) must reach
+    no variant the warm-up did not."""
+    import random
+
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.engine import warmup
+    from pagefleet.server.ops import jit_variants
+    from pagefleet.server.ops.triton_ops import TritonOps
+
+    model_dir = tiny_models("qwen3-variants", arch="qwen3", num_layers=1)
+    llm = LLM(model_dir, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
+              block_size=16, enforce_eager=True)
+    runner = llm.engine.runner
+    runner.set_ops(TritonOps)
+    runner._setup_decode_path(force=True)   # the CUDA decode path, eagerly
+    with jit_variants.record() as warm:
+        warmup.warm_up(llm.engine.core)
+    assert {"triton_attention._prefill_kernel", "triton_attention._decode_kernel",
+            "triton_attention._store_kvcache_kernel"} <= set(warm)
+    rng = random.Random(0)
+    shared = [rng.randrange(3, 500) for _ in range(40)]
+    with jit_variants.record() as served:
+        for n, sampled in ((1, False), (3, True), (6, False)):
+            prompts = [(shared if i % 2 else []) + [rng.randrange(3, 500) for _ in range(rng.randint(3, 50))]
+                       for i in range(n)]
+            params = [SamplingParams(temperature=0.7 if sampled else 0.0, top_p=0.8, top_k=20,
+                                     repetition_penalty=1.05 if sampled else 1.0,
+                                     max_tokens=rng.randint(2, 7), ignore_eos=True) for _ in prompts]
+            llm.generate(prompts, params)
+    assert llm.stats()["prefix_cache_hits"] > 0
+    assert jit_variants.new_variants(warm, served) == {}
+    llm.engine.kv.check_whole()
