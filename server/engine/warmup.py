@@ -40,9 +40,13 @@ def warm_up(core: "EngineCore") -> float:
     """Run the warm-up requests to completion; returns the seconds it took."""
     t0 = time.perf_counter()
     bs, vocab = core.kv.block_size, core.model_cfg.vocab_size
-    # Not block-aligned, and small enough for any pool, step budget and context.
-    n = max(2, min(2 * bs + 3, core.max_model_len // 2 - 8,
-                   core.config.max_num_batched_tokens // 4))
+    # Not block-aligned, and small enough for the context, the step budget and a third
+    # of the pool; an engine too small for that (a toy pool) starts without it.
+    room = min(core.max_model_len, core.kv.num_blocks * bs // 3)
+    n = min(2 * bs + 3, room // 2 - 8, core.config.max_num_batched_tokens // 4)
+    if n < 4:
+        log.info("warm-up skipped: %d tokens of context or pool are too few", room)
+        return 0.0
     greedy = CoreSamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     # Qwen2.5-Instruct's generation_config: the sampling most chat requests get.
     penalized = CoreSamplingParams(max_tokens=4, temperature=0.7, top_p=0.8, top_k=20,

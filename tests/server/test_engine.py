@@ -178,3 +178,21 @@ def test_bfloat16_runs_on_cpu(tiny_models):
     out = llm.generate([[5, 6, 7, 8]], greedy(8, ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == 8
     assert llm.engine.runner.dtype.is_floating_point and str(llm.engine.runner.dtype) == "torch.bfloat16"
+
+
+def test_warm_up_leaves_nothing_behind_and_tiny_pools_start(tiny_models):
+    """The core's start-up warm-up: afterwards the pool is whole, nothing is cached,
+    counters are zero (metrics start from nothing); an engine whose pool is too small
+    for it starts anyway and serves."""
+    from pagefleet.server import LLM, SamplingParams
+
+    model_dir = tiny_models("qwen3-warm", arch="qwen3", num_layers=1)
+    llm = LLM(model_dir, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64)
+    core = llm.engine.core
+    core.check_whole()
+    assert not core.kv.cached and core.kv.stats.queries == 0 and core.num_steps == 0
+    assert core.stats().generation_tokens == 0 and core.scheduler.num_preemptions == 0
+    tiny = LLM(model_dir, max_model_len=16, max_num_seqs=2, max_num_batched_tokens=64,
+               num_kv_blocks=1)   # 16 tokens: no room for the warm-up
+    out = tiny.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
