@@ -138,7 +138,7 @@ class Dispatcher:
         rk = ring_key(blocks, self.s.ring_blocks) if blocks is not None else None
         ready = pool.ready_endpoints()
         cands = [Candidate(
-            name=e.name, inflight=e.inflight, waiting=e.metrics.waiting,
+            name=e.name, inflight=e.inflight, waiting=e.others,
             kv_usage=e.metrics.kv_usage, has_room=self._has_room(pool, e, t),
             match=pool.index.match(e.name, blocks.lookup_hashes, now) if rk else 0,
             groups=pool.index.groups(e.name, now) if rk else 0) for e in ready]

@@ -44,6 +44,7 @@ class ScrapedMetrics:
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     model_name: str | None = None
+    own_inflight: int = 0    # this gateway's requests there while the scrape ran (prober)
 
 
 _LINE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import httpx
 
@@ -78,9 +79,12 @@ async def probe_forever(ep: EndpointState, client: httpx.AsyncClient, interval: 
                         threshold: int, on_event) -> None:
     """Check `ep` every `interval` seconds until it leaves the fleet."""
     while not ep.removed:
+        before = ep.inflight
         ok, scraped = await check_once(client, ep.spec.url)
         if ep.removed:
             return
+        if scraped is not None:   # ours there at the scrape: at most this many
+            scraped = replace(scraped, own_inflight=max(before, ep.inflight))
         if ok and ep.pool.spec.max_model_len is None and ep.pool.learned_max_model_len is None:
             await learn_max_model_len(client, ep)    # before it takes traffic
             if ep.removed:

@@ -9,7 +9,7 @@ Two steps per request:
    evenly interleaved).
 2. **Replica.** `route` picks one endpoint of the pool:
    - *prefix*: the replica holding the longest cached prefix of the prompt (at least
-     the ring key's blocks), unless its load, `in-flight + waiting`, would exceed the
+     the ring key's blocks), unless its load (ours in flight there + others'), would exceed the
      bound `ceil((1 + eps) * (total + 1) / n)` (consistent hashing with bounded loads),
      or its KV cache is saturated; then the next-longest holder within the bound;
    - *ring*: otherwise walk the consistent-hash ring from the key of the prompt's first
@@ -95,7 +95,7 @@ class Candidate:
 
     name: str
     inflight: int           # the gateway's own requests in flight there
-    waiting: float = 0.0    # scraped vllm:num_requests_waiting
+    waiting: float = 0.0    # requests there that this gateway did not send (EndpointState.others)
     kv_usage: float = 0.0   # scraped vllm:kv_cache_usage_perc
     has_room: bool = True   # below its in-flight cap (and not excluded for this request)
     match: int = 0          # leading lookup blocks of this prompt it holds

@@ -39,6 +39,16 @@ class EndpointState:
     def ready(self) -> bool:
         return self.health.ready and not self.removed
 
+    @property
+    def others(self) -> float:
+        """Requests at the replica that this gateway did not send (other gateway
+        replicas, direct clients), from the last scrape. The scraped gauges count this
+        gateway's own requests too, and stay as scraped for up to a check interval
+        after those finish: counting them again made an idle holder of a prefix look
+        busy, and the bound sent its next request elsewhere."""
+        m = self.metrics
+        return max(0.0, m.running + m.waiting - m.own_inflight)
+
 
 @dataclass(eq=False)
 class PoolState:

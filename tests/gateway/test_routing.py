@@ -207,3 +207,22 @@ def test_ring_moves_only_the_keys_of_a_leaving_replica():
         else:
             moved += 1
     assert 0.15 < moved / len(keys) < 0.35        # about a quarter of the keys
+
+
+def test_a_replica_does_not_count_this_gateways_own_requests_twice():
+    """The scraped gauges include this gateway's requests, and stay as scraped until
+    the next check: an idle holder whose last scrape saw our (now finished) request
+    waiting must still win its prefix; other clients' requests still count."""
+    from pagefleet.server.gateway.health import ScrapedMetrics
+    from pagefleet.server.gateway.state import EndpointState
+
+    stale = EndpointState(spec=None, pool=None, inflight=0,
+                          metrics=ScrapedMetrics(running=0, waiting=1, own_inflight=1))
+    busy = EndpointState(spec=None, pool=None, inflight=1,
+                         metrics=ScrapedMetrics(running=3, waiting=2, own_inflight=1))
+    assert stale.others == 0 and busy.others == 4
+    cs = [Candidate("holder", stale.inflight, waiting=stale.others, match=4),
+          Candidate("b", 0, match=0), Candidate("c", 0, match=0)]
+    d = route(cs, root_len=4, ring_order=["b", "c", "holder"], settings=RouteSettings(),
+              tiebreak=0)
+    assert (d.endpoint, d.reason) == ("holder", "prefix")
