@@ -19,3 +19,6 @@ OUT=/tmp/pagefleet-check timeout "${CHECK_TIMEOUT:-200}" python3 benchmarks/gpu_
     > "$OUT/check_server.log" 2>&1
 cp /tmp/pagefleet-check/check*.json "$OUT/" 2>/dev/null
 tail -5 "$OUT/check_server.log"
+# Kernel compiles that a user's step paid for (ops/compile_watch.py); 0 is the goal.
+echo "compiles while serving: $(grep -c 'while serving' "$OUT/pagefleet_server.log" 2>/dev/null)"
+grep 'while serving' "$OUT/pagefleet_server.log" 2>/dev/null | head -20

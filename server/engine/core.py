@@ -38,6 +38,7 @@ from pagefleet.server.engine.runner import StagedStep, resolve_device
 from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
 from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
 from pagefleet.server.engine.staging import StagingOverflow
+from pagefleet.server.ops import compile_watch
 from pagefleet.server.engine.structured_requests import GrammarViolation, StructuredRequests
 from pagefleet.server.engine.tp_executor import make_runner
 from pagefleet.server.engine.validation import RequestRejected
@@ -127,6 +128,8 @@ class EngineCore:
         except BaseException:
             self.shutdown()
             raise
+        if self.device.type == "cuda" and compile_watch.install():
+            compile_watch.mark_ready()   # a compile from here on is logged as a stall
 
     def ready_info(self) -> CoreReady:
         return CoreReady(max_model_len=self.max_model_len, num_blocks=self.kv.num_blocks,

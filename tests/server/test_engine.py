@@ -196,3 +196,37 @@ def test_warm_up_leaves_nothing_behind_and_tiny_pools_start(tiny_models):
                num_kv_blocks=1)   # 16 tokens: no room for the warm-up
     out = tiny.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_a_triton_compile_after_ready_is_logged_and_counted(caplog, monkeypatch):
+    """The compile watch rides Triton's own hooks: compiles before `mark_ready` (warm-up,
+    graph capture) are silent; one after it is a warning naming the kernel, counted;
+    a hook installed before ours is still called and can still skip a compile."""
+    from triton import knobs
+
+    from pagefleet.server.ops import compile_watch
+
+    calls = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: calls.append("before") or False)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: calls.append("after"))
+    monkeypatch.setattr(compile_watch, "_state", {**compile_watch._state, "installed": False,
+                                                  "ready": False, "count": 0, "seconds": 0.0})
+    assert compile_watch.install()
+
+    class Fn:
+        name = "_prefill_kernel"
+
+    def compile_once() -> bool:
+        skip = knobs.runtime.jit_cache_hook(key=1, repr="_prefill_kernel[num_warps=4]()", fn=Fn())
+        if not skip:
+            knobs.runtime.jit_post_compile_hook(key=1, repr="_prefill_kernel[num_warps=4]()", fn=Fn())
+        return skip
+
+    with caplog.at_level("WARNING", logger="pagefleet.engine"):
+        assert compile_once() is False          # during start-up
+        assert compile_watch.compiles_while_serving() == (0, 0.0) and not caplog.records
+        compile_watch.mark_ready()
+        compile_once()
+    assert compile_watch.compiles_while_serving()[0] == 1
+    assert "Triton compiled _prefill_kernel while serving" in caplog.text
+    assert calls == ["before", "after", "before", "after"]
