@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device call 2 of the side-by-side run, right after device_engine.sh on the same machine
 # (which left vLLM's first part in /tmp/vl): carry .vlb and .whl. vLLM 0.26.0's parts
-# are prepare.sh's .vl1 + .vl2 re-split at 48 MB (BENCHMARKS.md "How to reproduce") so
+# are prepare.sh's .vl1 + .vl2 re-split at 48 MB (benchmarks/README.md, "the carry folders") so
 # that each call stays under the 64 MiB carry with the repository. Same model, same
 # online workloads and flags as pagefleet's, then vLLM's offline LLM with its defaults.
 # VLLM_PHASES picks "online", "offline" or both; once /tmp/site holds vLLM (a previous
