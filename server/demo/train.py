@@ -96,13 +96,18 @@ def batches(tok, seed: int, cfg: TrainConfig) -> Iterator[tuple[torch.Tensor, to
             group[-1].append(e)
         rng.shuffle(group)
         for g in group:
-            width = max(len(ids) for ids, _ in g)
-            x = torch.full((len(g), width), pad, dtype=torch.long)
-            y = torch.full((len(g), width), -100, dtype=torch.long)
-            for r, (ids, labels) in enumerate(g):
-                x[r, :len(ids)] = torch.tensor(ids)
-                y[r, :len(labels)] = torch.tensor(labels)
-            yield x, y
+            yield _pad(g, pad)
+
+
+def _pad(group: list[tuple[list[int], list[int]]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) right-padded to the group's longest: pad ids, -100 labels."""
+    width = max(len(ids) for ids, _ in group)
+    x = torch.full((len(group), width), pad, dtype=torch.long)
+    y = torch.full((len(group), width), -100, dtype=torch.long)
+    for r, (ids, labels) in enumerate(group):
+        x[r, :len(ids)] = torch.tensor(ids)
+        y[r, :len(labels)] = torch.tensor(labels)
+    return x, y
 
 
 def build_model(cfg: TrainConfig, tok):
@@ -220,14 +225,7 @@ def train(cfg: TrainConfig, out: Path, log_path: Path | None) -> dict:
 
 def _fixed_batches(examples, pad: int, size: int):
     for i in range(0, len(examples), size):
-        g = examples[i:i + size]
-        width = max(len(ids) for ids, _ in g)
-        x = torch.full((len(g), width), pad, dtype=torch.long)
-        y = torch.full((len(g), width), -100, dtype=torch.long)
-        for r, (ids, labels) in enumerate(g):
-            x[r, :len(ids)] = torch.tensor(ids)
-            y[r, :len(labels)] = torch.tensor(labels)
-        yield x, y
+        yield _pad(examples[i:i + size], pad)
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig, resolve_limits
 from pagefleet.server.engine import faults, warmup
-from pagefleet.server.engine.kv_cache import KVCacheManager
+from pagefleet.server.engine.kv_cache import CacheStats, KVCacheManager
 from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
                                               CoreReady, CoreRequest, CoreStats, Logprobs)
 from pagefleet.server.engine.request import Request, Status
@@ -392,6 +392,16 @@ class EngineCore:
         """The tensor-parallel ranks: pids, devices, loaded shards (tests, utilities)."""
         info = getattr(self.runner, "parallel_info", None)
         return info() if info is not None else {"tensor_parallel_size": 1}
+
+    def reset_after_warm_up(self) -> None:
+        """Forget the warm-up: its prefix-cache entries and every counter (metrics
+        start from nothing). Only with no request in the engine."""
+        assert not self.has_unfinished_requests()
+        self.kv.reset_prefix_cache()
+        self.kv.stats = CacheStats()
+        self.scheduler.num_preemptions = 0
+        self.num_steps = self.num_overlapped_steps = 0
+        self.prompt_tokens_computed = self.generation_tokens = 0
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do on one device)."""

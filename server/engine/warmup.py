@@ -20,7 +20,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from pagefleet.server.engine.kv_cache import CacheStats
 from pagefleet.server.engine.protocol import CoreRequest, CoreSamplingParams
 
 if TYPE_CHECKING:
@@ -55,32 +54,29 @@ def warm_up(core: "EngineCore") -> float:
     first = _prompt(n, 1, vocab)
     # 1. A lone prefill, then its decodes.
     core.add_request(CoreRequest(ID_PREFIX + "0", first, greedy))
-    steps = _run(core, 2)
+    for _ in range(2):
+        _step(core)
     # 2. Two prefills joining running decodes (a mixed step): one sampled with
     #    penalties, one extending the first prompt (a prefix-cache hit: prefill over
     #    cached context).
     core.add_request(CoreRequest(ID_PREFIX + "1", _prompt(n + 5, 2, vocab), penalized))
     ext = first[: (n // bs) * bs] + _prompt(max(1, n // 2), 3, vocab)
     core.add_request(CoreRequest(ID_PREFIX + "2", ext, plain))
-    steps += _run(core, MAX_STEPS)
+    for _ in range(MAX_STEPS):
+        if not core.has_unfinished_requests():
+            break
+        _step(core)
+    else:
+        raise RuntimeError(f"warm-up did not finish in {MAX_STEPS} steps")
+    steps = core.num_steps   # launched, before reset_after_warm_up zeroes it
     core.kv.check_whole()
-    core.kv.reset_prefix_cache()
-    core.kv.stats = CacheStats()
-    core.scheduler.num_preemptions = 0
-    core.num_steps = core.num_overlapped_steps = 0
-    core.prompt_tokens_computed = core.generation_tokens = 0
+    core.reset_after_warm_up()
     took = time.perf_counter() - t0
     log.info("warm-up: %d steps (prefill, mixed, prefix hit, sampled) in %.2f s", steps, took)
     return took
 
 
-def _run(core: "EngineCore", limit: int) -> int:
-    steps = 0
-    while core.has_unfinished_requests() and steps < limit:
-        out = core.step()
-        steps += 1
-        if out.failed:
-            raise RuntimeError(f"warm-up request failed: {out.failed[0]}")
-    if limit == MAX_STEPS and core.has_unfinished_requests():
-        raise RuntimeError(f"warm-up did not finish in {MAX_STEPS} steps")
-    return steps
+def _step(core: "EngineCore") -> None:
+    out = core.step()
+    if out.failed:
+        raise RuntimeError(f"warm-up request failed: {out.failed[0]}")

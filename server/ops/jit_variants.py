@@ -36,7 +36,8 @@ def kernels() -> dict[str, Any]:
     for mod_name in KERNEL_MODULES:
         mod = importlib.import_module(f"pagefleet.server.ops.{mod_name}")
         for name, obj in vars(mod).items():
-            if hasattr(obj, "run") and hasattr(obj, "fn") and inspect.isfunction(obj.fn):
+            if hasattr(obj, "run") and hasattr(obj, "fn") and inspect.isfunction(obj.fn) \
+                    and obj.fn.__module__ == mod.__name__:   # defined here, not imported
                 found[f"{mod_name}.{name}"] = obj
     return found
 

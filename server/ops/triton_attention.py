@@ -13,11 +13,13 @@ width (both static per captured graph).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
+from pagefleet.server.ops.triton_common import dot as _dot
+from pagefleet.server.ops.triton_common import sm_count
 
 # Launch parameters; benchmarks/ sweeps them on the GPU, tests shrink them.
 DECODE_CONFIG = {
@@ -41,11 +43,6 @@ PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
 PREFILL_SEQ_BLOCK = 256
 
 _LOG2E = 1.4426950408889634
-# Triton's CPU interpreter (TRITON_INTERPRET=1, the CI path) computes bf16 `tl.dot`
-# wrongly: there the dot operands are upcast to float32 first (after the same rounding
-# the GPU path does), which leaves the tested function unchanged.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_SM_COUNT: dict[int, int] = {}
 
 
 def _target_programs(device: torch.device) -> int:
@@ -53,10 +50,7 @@ def _target_programs(device: torch.device) -> int:
         return DECODE_CONFIG["target_programs"]
     if device.type != "cuda":
         return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return 2 * _SM_COUNT[idx]
+    return 2 * sm_count(device)
 
 
 def _is_fp8(dtype: torch.dtype) -> bool:
@@ -106,16 +100,6 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 
 # -- decode ------------------------------------------------------------------------------
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    elif a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")   # float32 models: no tf32 rounding
-    else:
-        return tl.dot(a, b)
-
 
 @triton.jit(do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr,

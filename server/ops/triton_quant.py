@@ -24,13 +24,14 @@ on the GPU; tests shrink them). No kernel reads a device value back: CUDA-graph 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from pagefleet.server.ops import quant as twin
+from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
+from pagefleet.server.ops.triton_common import dot as _dot
+from pagefleet.server.ops.triton_common import sm_count
 
 W4_CONFIG = {
     "gemv_max_m": 1,        # rows up to which the GEMV kernel runs (one program row each)
@@ -56,8 +57,6 @@ FP8_CONFIG = {
     "act_block": 1024,
 }
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_SM_COUNT: dict[int, int] = {}
 _SCALED_MM_REFUSED: set[tuple[bool, str]] = set()   # why scaled_mm was switched off
 FP8 = torch.float8_e4m3fn
 
@@ -67,10 +66,7 @@ def _target(device: torch.device, cfg: dict) -> int:
         return cfg["target_programs"]
     if device.type != "cuda":
         return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return cfg["programs_per_sm"] * _SM_COUNT[idx]
+    return cfg["programs_per_sm"] * sm_count(device)
 
 
 def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict) -> tuple[int, int]:
@@ -130,16 +126,6 @@ def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    elif a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 # -- w4a16 ----------------------------------------------------------------------------------
