@@ -240,10 +240,19 @@ def test_drain_past_shutdown_timeout_answers_every_request(model_dir):
     try:
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as c:
+                first_chunk = asyncio.Event()
+
                 async def streamed():
                     async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
-                        return r.status_code, (await r.aread()).decode()
+                        chunks = []
+                        async for chunk in r.aiter_text():
+                            chunks.append(chunk)
+                            first_chunk.set()
+                        return r.status_code, "".join(chunks)
+                # The stream must be running (its 200 sent) before the second request
+                # queues; started together, either could win the one slot.
                 running = asyncio.create_task(streamed())
+                await asyncio.wait_for(first_chunk.wait(), 60)
                 queued = asyncio.create_task(c.post(srv.url + "/v1/completions",
                                                     json={**LONG, "stream": False}))
                 await asyncio.to_thread(wait_for, lambda: metric(
