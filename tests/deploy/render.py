@@ -20,6 +20,10 @@ from typing import Any
 
 import yaml
 
+# libyaml's loader where PyYAML has it: the pure-Python one spent most of the chart
+# tests' time scanning helm's output.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.deploy import tools  # noqa: E402
@@ -61,7 +65,7 @@ def template_args(values: dict[str, str] | None = None, include_crds: bool = Tru
 def render(values: dict[str, str] | None = None, include_crds: bool = True,
            helm_path: str | None = None, **kw: Any) -> list[dict[str, Any]]:
     out = helm(*template_args(values, include_crds, **kw), helm_path=helm_path).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml.load_all(out, Loader=YAML_LOADER) if d]
 
 
 def _strip_helm(obj: dict[str, Any]) -> dict[str, Any]:

@@ -5,11 +5,19 @@ openAPIV3Schema, and a structural schema for the prometheus-operator kinds we re
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils
+
+# kubernetes-validate reads a kind's schema and the 1.5 MB definitions file from disk
+# on every call; the chart and manifest tests validate each object against nine
+# minors, so the reads are cached (the schemas are only read, never changed).
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
 
 # The Kubernetes minors we promise to install on (Chart.yaml kubeVersion >= 1.27).
 KUBE_VERSIONS = ("1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")

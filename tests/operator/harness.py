@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def load_example(name: str) -> list[dict[str, Any]]:
     with open(EXAMPLES / name) as fh:
-        return [d for d in yaml.safe_load_all(fh) if d]
+        return [d for d in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
 
 
 class Cluster:
