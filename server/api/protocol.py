@@ -2,7 +2,8 @@
 
 Field names and defaults follow vLLM's server so that existing clients work unchanged.
 Unknown fields are ignored (the OpenAI SDKs send fields such as `store` or `metadata`
-that mean nothing here). Sampling fields that the request leaves unset (None) take the
+that mean nothing here); the OpenAI fields this server cannot honour are declared and
+refused (`UNHONOURED_CHAT_FIELDS`). Sampling fields that the request leaves unset (None) take the
 model's generation_config.json value, then vLLM's default: exactly where vLLM's server
 applies `generation_config` defaults.
 
@@ -18,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pagefleet.server.engine.sampling_params import SamplingParams
+from pagefleet.server.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 
 # vLLM's defaults for fields the request and generation_config.json both leave unset.
 VLLM_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
@@ -35,6 +36,7 @@ MAX_STOP_STRING_CHARS = 4096      # characters per stop string
 MAX_STOP_TOKEN_IDS = 1024
 MAX_MESSAGES = 65536
 MAX_N = 128                       # choices per request (n, best_of)
+MAX_LOGIT_BIAS = 1024             # logit_bias entries (staged on every step of the request)
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -69,7 +71,11 @@ class _SamplingFields(_Base):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     n: int = Field(1, ge=1, le=MAX_N)
-    logit_bias: dict[str, float] | None = None
+    # token id (a string, as JSON keys are) -> bias in [-100, 100]; ids are checked
+    # against the vocabulary in serving.py.
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,12}$")],
+                     Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]] | None = \
+        Field(None, max_length=MAX_LOGIT_BIAS)
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: Int64 = 0
@@ -136,6 +142,25 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = True
+    # OpenAI fields this server cannot honour: declared so that a request setting one
+    # is a 400 naming it (UNHONOURED_CHAT_FIELDS), not a 200 that ignores it.
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+
+# field -> why it is refused when set (`modalities` only when it asks for more than text)
+UNHONOURED_CHAT_FIELDS = {
+    "modalities": "only text output is supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy functions field is not supported; send tools",
+    "function_call": "the legacy function_call field is not supported; send tool_choice",
+}
 
 
 class TokenizeRequest(_Base):
@@ -171,6 +196,7 @@ def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | N
         seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
+        logit_bias={int(t): v for t, v in req.logit_bias.items()} if req.logit_bias else None,
         skip_special_tokens=req.skip_special_tokens, output_kind="delta")
 
 

@@ -156,8 +156,8 @@ class OpenAIServing:
     def _common_checks(self, req: P._SamplingFields) -> tuple[int, int]:
         """Checks every generation request shares; returns (n, best_of)."""
         self.check_model(req.model)
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias")
+        if req.logit_bias and any(int(t) >= self.vocab_size for t in req.logit_bias):
+            raise bad_request(f"logit_bias: token ids must be < {self.vocab_size}", "logit_bias")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")
@@ -475,6 +475,10 @@ class OpenAIServing:
     def _prepare_chat(self, body: bytes, tok) -> Prepared:
         req = parse(P.ChatCompletionRequest, body)
         n, best_of = self._common_checks(req)
+        for name, why in P.UNHONOURED_CHAT_FIELDS.items():
+            value = getattr(req, name)
+            if value is not None and not (name == "modalities" and set(value) <= {"text"}):
+                raise bad_request(f"{name}: {why}", name)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")

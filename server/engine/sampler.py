@@ -153,6 +153,7 @@ class SamplerStep:
     count_updates: int | None = None                   # [2, n] (slot, output token)
     reset_slots: int | None = None
     bans: int | None = None                            # [2, n] (row, token)
+    bias: tuple[int, int] | None = None                # [2, n] (row, token), [n] values
     any_random: bool = False
     any_greedy: bool = False
     any_penalties: bool = False
@@ -180,7 +181,7 @@ class Sampler:
         self._which = 0
         # Slot-holders by feature, so an all-greedy batch needs no per-row work.
         self.num_random = self.num_penalties = self.num_filters = 0
-        self.num_logprobs = self.num_min_tokens = 0
+        self.num_logprobs = self.num_min_tokens = self.num_bias = 0
 
     # -- slots ----------------------------------------------------------------------
     def _count(self, req: Request, delta: int) -> None:
@@ -191,6 +192,7 @@ class Sampler:
         self.num_filters += delta * (random and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0))
         self.num_logprobs += delta * (p.logprobs is not None)
         self.num_min_tokens += delta * (p.min_tokens > 0)
+        self.num_bias += delta * bool(p.logit_bias_ids)
 
     def slot_taken(self, req: Request) -> None:
         self._count(req, 1)
@@ -230,7 +232,8 @@ class Sampler:
                     st.count_updates = staging.put("i64", [c_slot, c_tok], 2, len(c_tok))
         if not reqs:
             return st
-        if not (self.num_random or self.num_penalties or self.num_logprobs or self.num_min_tokens):
+        if not (self.num_random or self.num_penalties or self.num_logprobs or self.num_min_tokens
+                or self.num_bias):
             st.fast_greedy = True
             return st
         st.slots = staging.put("i64", [r.slot for r in reqs])
@@ -244,8 +247,15 @@ class Sampler:
             elif ks:
                 st.filter_path = "sort"
         ban_rows, ban_toks = [], []
+        bias_rows: list[int] = []
+        bias_toks: list[int] = []
+        bias_vals: list[float] = []
         for i, r in enumerate(reqs):
             p = r.params
+            if p.logit_bias_ids:
+                bias_rows.extend([i] * len(p.logit_bias_ids))
+                bias_toks.extend(p.logit_bias_ids)
+                bias_vals.extend(p.logit_bias_values)
             if r.generator is not None and not p.greedy:
                 st.seeded.append((i, r.generator))
             if p.logprobs is not None:
@@ -261,6 +271,9 @@ class Sampler:
                         ban_toks.append(t)
         if ban_rows:
             st.bans = staging.put("i64", [ban_rows, ban_toks], 2, len(ban_rows))
+        if bias_rows:
+            st.bias = (staging.put("i64", [bias_rows, bias_toks], 2, len(bias_rows)),
+                       staging.put("f32", bias_vals))
         if st.want:
             st.want_rows = staging.put("i64", st.want)
         return st
@@ -302,6 +315,11 @@ class Sampler:
             from pagefleet.server.engine.structured_output import apply
 
             apply(logits, grammar[0], grammar[1])
+        if st.bias is not None:   # before penalties and temperature, as in vLLM
+            if dev.type != "cuda":
+                logits = logits.clone()
+            where, vals = staging.get(st.bias[0]), staging.get(st.bias[1])
+            logits.index_put_((where[0], where[1]), vals, accumulate=True)
         if st.fast_greedy:
             tokens = logits.argmax(dim=-1)
         else:

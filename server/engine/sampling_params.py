@@ -9,6 +9,9 @@ if TYPE_CHECKING:
     from pagefleet.server.engine.protocol import CoreSamplingParams
 
 
+LOGIT_BIAS_MAX = 100.0     # OpenAI's bound on a logit_bias value
+
+
 class SamplingParamsError(ValueError):
     """A sampling field is out of range; `param` names it (for a 400 naming the field)."""
 
@@ -36,6 +39,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # top-N logprobs per generated token
     prompt_logprobs: int | None = None   # top-N logprobs per prompt token
+    # token id -> value added to its logit before penalties, temperature and filters
+    # (OpenAI's logit_bias; -100 bans a token, +100 all but forces it).
+    logit_bias: dict[int, float] | None = None
     # Structured output: a GrammarSpec's (kind, text, syntax, any_whitespace), enforced
     # after `reasoning_end_token_id` when that is set.
     grammar: tuple | None = None
@@ -91,6 +97,10 @@ class SamplingParams:
         need(self.stop_token_ids is None or all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids", "must be non-negative integers")
         need(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
+        need(not self.logit_bias or all(
+            isinstance(t, int) and t >= 0 and -LOGIT_BIAS_MAX <= v <= LOGIT_BIAS_MAX
+            for t, v in self.logit_bias.items()), "logit_bias",
+            f"keys must be token ids and values in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]")
         need(self.output_kind in ("cumulative", "delta", "final"), "output_kind",
              "must be cumulative, delta or final")
 
@@ -105,5 +115,7 @@ class SamplingParams:
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            logit_bias_ids=tuple(self.logit_bias or ()),
+            logit_bias_values=tuple(float(v) for v in (self.logit_bias or {}).values()),
             grammar=tuple(self.grammar) if self.grammar is not None else None,
             reasoning_end_token_id=self.reasoning_end_token_id)

@@ -281,6 +281,15 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
     ("/v1/completions", {"prompt": "x", "logprobs": 50}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias.five.[key]"),
+    *[("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], field: value}, field)
+      for field, value in (("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}),
+                           ("prediction", {"type": "content", "content": "x"}),
+                           ("web_search_options", {}),
+                           ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
+                           ("function_call", "auto"))],
     ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}},
      "response_format.json_schema"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -314,6 +323,25 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("path,body,param", BAD_REQUESTS)
 def test_bad_field_400_names_it(srv, path, body, param):
     assert_error(post(srv, path, body), 400, param)
+
+
+def test_logit_bias_forces_and_bans_tokens(srv, client, tokenizer):
+    """logit_bias reaches the sampler through the real client, greedy and sampled."""
+    def ids(**kw):
+        r = post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True,
+                                          "return_token_ids": True, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+    t = tokenizer.encode(PROMPT)[1]   # a whole word: it decodes on its own
+    assert ids(temperature=0, logit_bias={str(t): 100}) == [t] * 4
+    assert ids(temperature=1.0, seed=3, logit_bias={str(t): 100}) == [t] * 4
+    first = ids(temperature=0)[0]
+    assert ids(temperature=0, logit_bias={str(first): -100})[0] != first
+    out = client.chat.completions.create(model="tiny", max_tokens=3, temperature=0,
+                                         messages=[{"role": "user", "content": "hi"}],
+                                         logit_bias={str(t): 100})
+    assert out.choices[0].message.content == tokenizer.decode([t] * 3)
+    assert srv.kv_whole()
 
 
 def test_malformed_bodies_400(srv):

@@ -182,6 +182,35 @@ def test_min_tokens_masks_eos_and_stop_tokens():
     assert h(logits, [r]).token_ids == [2]
 
 
+def test_logit_bias_forces_bans_and_comes_before_penalties():
+    """OpenAI's logit_bias, applied where vLLM applies it: added to the raw logits,
+    before penalties and temperature; rows without it are untouched."""
+    h = Harness(6)
+    logits = torch.tensor([[0.5, -0.9, -2.0, -3.0, -3.0, -3.0]] * 4)
+    plain = h.req("plain", P(temperature=0), prompt=(0,))
+    forced = h.req("forced", P(temperature=0, logit_bias_ids=(4,), logit_bias_values=(100.0,)))
+    banned = h.req("banned", P(temperature=0, logit_bias_ids=(0, 2), logit_bias_values=(-100.0, -100.0)))
+    # (0.5 - 1.0) * 2 = -1.0 < -0.9 picks token 1; the bias after the penalty
+    # (0.5 / 2 - 1.0 = -0.75) would pick token 0.
+    ordered = h.req("ordered", P(temperature=0, repetition_penalty=2.0, logit_bias_ids=(0,),
+                                 logit_bias_values=(-1.0,)), prompt=(0,))
+    res = h(logits, [plain, forced, banned, ordered])
+    assert res.token_ids == [0, 4, 1, 1]
+    assert logits[0, 4] == -3.0   # the caller's logits are not modified
+    sampled = h.req("sampled", P(temperature=1.0, top_p=0.9, logit_bias_ids=(3,),
+                                 logit_bias_values=(100.0,)), seed=7)
+    assert {h(logits[:1], [sampled]).token_ids[0] for _ in range(20)} == {3}
+
+
+def test_logit_bias_bounds():
+    for bias in ({1: 101.0}, {-1: 1.0}, {1: float("nan")}):
+        with pytest.raises(SamplingParamsError) as e:
+            SamplingParams(logit_bias=bias)
+        assert e.value.param == "logit_bias"
+    core = SamplingParams(logit_bias={5: 2.5, 9: -100}).core_params(4)
+    assert core.logit_bias_ids == (5, 9) and core.logit_bias_values == (2.5, -100.0)
+
+
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
                                          ("top_k", -3), ("min_p", 2), ("max_tokens", 0),
                                          ("presence_penalty", 3), ("repetition_penalty", 0),
