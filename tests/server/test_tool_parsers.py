@@ -391,6 +391,28 @@ def test_plan_modes():
     assert len(mistral_required.result().tool_calls[0].id) == 9
 
 
+def test_auto_without_parallel_calls_keeps_the_first_call():
+    """`parallel_tool_calls: false` with `auto`: a second call the model writes is parsed
+    (its text is not content) and dropped, streamed or not."""
+    text = ('Sure.\n<tool_call>{"name": "a", "arguments": {"k": 1}}</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": {}}</tool_call>')
+    plan = plan_tool_choice(TOOLS, "auto", auto_enabled=True, parallel_tool_calls=False)
+    whole = parser_for_plan(plan, "hermes")
+    whole.feed(text)
+    whole.finish()
+    content, calls = whole.result()
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("a", '{"k": 1}')]
+    for size in (1, 3, 7):
+        streamed = parser_for_plan(plan, "hermes")
+        got_content, got_calls = reassemble(streamed, [text[i:i + size]
+                                                       for i in range(0, len(text), size)])
+        assert got_content == "Sure." and [(n, a) for _, n, a in got_calls] == [("a", '{"k": 1}')]
+    both = parser_for_plan(plan_tool_choice(TOOLS, "auto", auto_enabled=True), "hermes")
+    both.feed(text)
+    both.finish()
+    assert [c.name for c in both.result().tool_calls] == ["a", "b"]
+
+
 @pytest.mark.parametrize(("tools", "choice", "param"), [
     (TOOLS, "auto", "tool_choice"),                      # auto without the flags
     (None, "required", "tool_choice"),

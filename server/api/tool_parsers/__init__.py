@@ -68,7 +68,10 @@ def parser_for_plan(plan: ToolChoicePlan, parser_name: str | None) -> ToolParser
         return NamedToolParser(plan.function.name, id_factory=ids)
     if native is None:
         raise ValueError("tool_choice 'auto' needs a --tool-call-parser")
-    return native()
+    parser = native()
+    if not plan.parallel_tool_calls:
+        parser.max_calls = 1
+    return parser
 
 
 __all__ = [

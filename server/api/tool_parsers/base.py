@@ -58,6 +58,9 @@ class ToolParser:
         self._call_open = False
         self._call_has_args = False
         self._finished = False
+        # At most this many calls reach the message (`parallel_tool_calls: false`):
+        # later ones are still parsed, so their text is not content, but dropped.
+        self.max_calls: int | None = None
 
     # -- public API ---------------------------------------------------------------------
     def feed(self, text: str) -> DeltaMessage | None:
@@ -89,6 +92,8 @@ class ToolParser:
         content = "".join(self._content_parts)
         calls = [ToolCall(cid, name, "".join(args))
                  for (cid, name), args in zip(self._calls, self._call_args, strict=True)]
+        if self.max_calls is not None:
+            calls = calls[:self.max_calls]
         return ExtractedToolCalls(content if (content or not calls) else None, calls)
 
     @classmethod
@@ -185,11 +190,15 @@ class ToolParser:
         for item in self._out:
             if isinstance(item, str):
                 content.append(item)
+            elif self.max_calls is not None and item.index >= self.max_calls:
+                continue
             elif item.index in merged:
                 merged[item.index].arguments += item.arguments
             else:
                 merged[item.index] = item
         self._out = []
+        if not content and not merged:
+            return None                      # only dropped calls (max_calls)
         return DeltaMessage("".join(content) if content else None, list(merged.values()))
 
     def _compact(self) -> None:

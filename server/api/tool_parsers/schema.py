@@ -47,6 +47,7 @@ class ToolChoicePlan:
     tools: tuple[FunctionTool, ...]
     function: FunctionTool | None = None
     schema: dict | None = None
+    parallel_tool_calls: bool = True     # False: at most one call (auto; forced by schema)
 
 
 def parse_tools(tools: Any) -> list[FunctionTool]:
@@ -113,7 +114,8 @@ def plan_tool_choice(tools: Any, tool_choice: Any, *, auto_enabled: bool,
             if not auto_enabled:
                 raise ToolChoiceError('"auto" tool choice requires --enable-auto-tool-choice '
                                       "and --tool-call-parser to be set", "tool_choice")
-            return ToolChoicePlan("auto", tuple(funcs))
+            return ToolChoicePlan("auto", tuple(funcs),
+                                  parallel_tool_calls=parallel_tool_calls is not False)
         return ToolChoicePlan("required", tuple(funcs),
                               schema=required_schema(funcs, parallel_tool_calls))
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" \
