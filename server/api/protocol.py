@@ -142,6 +142,9 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = True
+    # Passed to the chat template (as vLLM passes it), and a 400 when the model's
+    # template does not read it: it could not change the output.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     # OpenAI fields this server cannot honour: declared so that a request setting one
     # is a 400 naming it (UNHONOURED_CHAT_FIELDS), not a 200 that ignores it.
     modalities: list[str] | None = None

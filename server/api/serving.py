@@ -463,9 +463,21 @@ class OpenAIServing:
         kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
         if tools:
             kwargs.setdefault("tools", tools)
+        effort = getattr(req, "reasoning_effort", None)
+        if effort is not None:
+            if "reasoning_effort" not in self._template_source(tok):
+                raise bad_request("reasoning_effort: this model's chat template does not read "
+                                  "it, so it cannot change the output (for a thinking switch, "
+                                  "see chat_template_kwargs, e.g. enable_thinking)",
+                                  "reasoning_effort")
+            kwargs.setdefault("reasoning_effort", effort)
         return render_chat(tok, req.messages, template=self.chat_template,
                            add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message, kwargs=kwargs)
+
+    def _template_source(self, tok) -> str:
+        template = self.chat_template or getattr(tok, "chat_template", None) or ""
+        return template if isinstance(template, str) else " ".join(template.values())
 
     def chat_prompt_ids(self, req, tok, tools: list | None = None) -> list[int]:
         text = self.chat_prompt_text(req, tok, tools)

@@ -344,6 +344,28 @@ def test_logit_bias_forces_and_bans_tokens(srv, client, tokenizer):
     assert srv.kv_whole()
 
 
+def test_reasoning_effort_reaches_a_template_that_reads_it(srv, tokenizer):
+    """reasoning_effort is a chat-template variable (as in vLLM); a template that does not
+    read it could not honour it: 400."""
+    body = {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low",
+            "max_tokens": 2}
+    assert_error(post(srv, "/v1/chat/completions", body), 400, "reasoning_effort")
+    assert_error(post(srv, "/v1/chat/completions", {**body, "reasoning_effort": "extreme"}), 400,
+                 "reasoning_effort")
+    serving = srv.app.state.serving
+    saved = serving.chat_template
+    serving.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                             "{% if reasoning_effort %}<effort:{{ reasoning_effort }}>{% endif %}")
+    try:
+        from pagefleet.server.api.protocol import ChatCompletionRequest
+
+        req = ChatCompletionRequest.model_validate(body)
+        assert serving.chat_prompt_text(req, tokenizer) == "x<effort:low>"
+        assert post(srv, "/v1/chat/completions", body).status_code == 200
+    finally:
+        serving.chat_template = saved
+
+
 def test_malformed_bodies_400(srv):
     for raw in (b"{bad json", b"", b"[1, 2]", b'"just a string"', b"\xff\xfe"):
         r = httpx.post(srv.url + "/v1/chat/completions", content=raw,
