@@ -128,6 +128,25 @@ def rule_allows(rule: Mapping[str, Any], group: str, resource: str, verb: str) -
 
 # ---------------------------------------------------------------- API server
 
+async def forget_refused_create(emulator: kmock.KubernetesEmulator, request: Any,
+                                response: aiohttp.web.StreamResponse) -> None:
+    """kmock stores a created object before any reaction answers; when a reaction
+    refused the create (a test's 422), the object is dropped again, with a DELETED
+    event for the watchers that saw it added. A real API server stores nothing it
+    refuses, so a retry meets the same refusal, not a 409 for the refused copy."""
+    if request.resource is None or request.action != enums.action.CREATE or response.status < 400:
+        return
+    meta = (request.data.get("metadata") or {}) if isinstance(request.data, dict) else {}
+    key = (request.resource, request.namespace or meta.get("namespace"), meta.get("name"))
+    async with emulator._lock:
+        if key not in emulator._objects or emulator._objects[key].deleted:
+            return
+        obj = emulator._objects[key]
+        raw = obj.raw
+        obj.delete()
+        await emulator._buses[request.resource].put({"type": "DELETED", "object": raw})
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with the API server behaviour the e2e path relies on."""
@@ -301,6 +320,7 @@ class ApiServer(kmock.KubernetesEmulator):
         self._stamp(request)
         response = await super()._handle(request)
         res = request.resource
+        await forget_refused_create(self, request, response)
         if (res is not None and res.plural == "customresourcedefinitions" and request.action == enums.action.CREATE
                 and response.status < 300):
             self._register_crd(request.data)

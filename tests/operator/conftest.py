@@ -9,12 +9,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from tests.operator.harness import Cluster, operator_process, register_resources
+from tests.operator.harness import Cluster, Emulator, operator_process, register_resources
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    emulator = kmock.KubernetesEmulator()
+    emulator = Emulator()
     async with emulator, kmock.Server(emulator):
         register_resources(emulator)
         kubeconfig = tmp_path_factory.mktemp("kube") / "config"

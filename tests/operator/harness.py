@@ -22,6 +22,7 @@ import aiohttp.web
 import kmock
 import yaml
 
+from e2e.emulator import forget_refused_create
 from pagefleet.operator import crd
 from pagefleet.operator.kube import KubeClient, path_for
 
@@ -127,6 +128,16 @@ class Cluster:
             return any(c.get("type") == type_ and c.get("status") == status for c in conds)
         return await self.wait_object(crd.KIND, namespace, name, check,
                                       f"{name}: condition {type_}={status}")
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator, except that a create a test's reaction refused is not kept
+    (`forget_refused_create`)."""
+
+    async def _handle(self, request: Any) -> Any:
+        response = await super()._handle(request)
+        await forget_refused_create(self, request, response)
+        return response
 
 
 def register_resources(emulator: kmock.KubernetesEmulator) -> None:

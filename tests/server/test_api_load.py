@@ -185,12 +185,21 @@ def test_killing_the_core_process_mid_stream(model_dir):
     try:
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as c:
-                async def streamed():
+                started = [asyncio.Event() for _ in range(3)]
+
+                async def streamed(i):
                     async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
-                        return r.status_code, (await r.aread()).decode()
-                streams = [asyncio.create_task(streamed()) for _ in range(3)]
+                        chunks = []
+                        async for chunk in r.aiter_text():
+                            chunks.append(chunk)
+                            started[i].set()
+                        return r.status_code, "".join(chunks)
+                streams = [asyncio.create_task(streamed(i)) for i in range(3)]
                 plain = asyncio.create_task(c.post(srv.url + "/v1/completions",
                                                    json={**LONG, "stream": False}))
+                # Killed before a stream's first token, a stream is a plain 500 (no
+                # header sent yet); this test is about streams already under way.
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
                 await asyncio.to_thread(wait_for, lambda: metric(
                     srv.metrics(), "vllm:num_requests_running") == 4, 60)
                 os.kill(srv.served.core.proc.pid, signal.SIGKILL)
