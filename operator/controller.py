@@ -417,6 +417,14 @@ async def evaluate(kube: KubeClient, body: Mapping[str, Any], state: State, sett
     now = time.time() if now is None else now
     needs_reconcile, new_status = False, None
     async with state.lock:
+        # Read anew under the lock: kopf's copy lags the watch, and a status built on
+        # it right after a reconcile wrote observedGeneration/serverImage would write
+        # the old values back (the merge patch carries every status key), leaving the
+        # resource Reconciling for good.
+        latest = await kube.get(cr_path(meta["namespace"], meta["name"]))
+        if latest is None:
+            return 1.0
+        body = latest
         if _deleting(body, state):
             return 1.0
         try:

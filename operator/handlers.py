@@ -184,7 +184,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, namespace: str, name: str,
     if body.metadata.get("deletionTimestamp"):
         return
     try:
-        await controller.reconcile(memo["kube"], body, _state(memo, namespace, name), memo["pf_settings"])
+        # fresh: the event's copy may predate the last status write (the evaluation's
+        # scrape and OOM fields), and a status built on it would write them back.
+        await controller.reconcile(memo["kube"], body, _state(memo, namespace, name), memo["pf_settings"],
+                                   fresh=True)
     except (KubeError, controller.Conflict) as e:
         # Reported as Degraded already. Conflicts, throttling and server errors heal;
         # refusals need a change somewhere, so they are retried less often.

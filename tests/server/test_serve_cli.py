@@ -43,11 +43,14 @@ def test_sigterm_drains_in_flight_and_exits_0(model_dir, tmp_path):
                         return r
                 tasks = [asyncio.create_task(complete(i)) for i in range(6)]
 
-                async def running():
+                async def all_received():
+                    # SIGTERM only once the server holds all six: one still on its way
+                    # would rightly be refused with a 503 as a late arrival.
                     text = (await c.get(srv.url + "/metrics")).text
-                    return metric(text, "vllm:num_requests_running") >= 1
-                for _ in range(600):
-                    if await running():
+                    return metric(text, "vllm:num_requests_running") + metric(
+                        text, "vllm:num_requests_waiting") >= len(tasks)
+                for _ in range(1200):
+                    if await all_received():
                         break
                     await asyncio.sleep(0.05)
                 srv.terminate()
