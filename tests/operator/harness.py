@@ -23,6 +23,7 @@ import kmock
 import yaml
 
 from e2e.emulator import forget_refused_create
+from tests.deploy.render import YAML_LOADER
 from pagefleet.operator import crd
 from pagefleet.operator.kube import KubeClient, path_for
 
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 def load_example(name: str) -> list[dict[str, Any]]:
     with open(EXAMPLES / name) as fh:
-        return [d for d in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
+        return [d for d in yaml.load_all(fh, Loader=YAML_LOADER) if d]
 
 
 class Cluster:

@@ -25,6 +25,19 @@ def read_events(lines, n: int) -> None:
             got += 1
 
 
+async def stream_whole(c: httpx.AsyncClient, url: str, body: dict,
+                       started: asyncio.Event) -> tuple[int, str]:
+    """POST a streamed request and read it to the end; `started` is set at its first
+    chunk (its 200 sent), which a test waits for before it kills or drains: before
+    that, a stream is rightly a plain 5xx, not a 200 with an error event."""
+    async with c.stream("POST", url, json=body) as r:
+        chunks = []
+        async for chunk in r.aiter_text():
+            chunks.append(chunk)
+            started.set()
+        return r.status_code, "".join(chunks)
+
+
 def gauges_zero(srv) -> bool:
     text = srv.metrics()
     return (metric(text, "vllm:num_requests_running") == 0
@@ -186,15 +199,8 @@ def test_killing_the_core_process_mid_stream(model_dir):
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as c:
                 started = [asyncio.Event() for _ in range(3)]
-
-                async def streamed(i):
-                    async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
-                        chunks = []
-                        async for chunk in r.aiter_text():
-                            chunks.append(chunk)
-                            started[i].set()
-                        return r.status_code, "".join(chunks)
-                streams = [asyncio.create_task(streamed(i)) for i in range(3)]
+                streams = [asyncio.create_task(stream_whole(c, srv.url + "/v1/completions", LONG, e))
+                           for e in started]
                 plain = asyncio.create_task(c.post(srv.url + "/v1/completions",
                                                    json={**LONG, "stream": False}))
                 # Killed before a stream's first token, a stream is a plain 500 (no
@@ -250,17 +256,10 @@ def test_drain_past_shutdown_timeout_answers_every_request(model_dir):
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as c:
                 first_chunk = asyncio.Event()
-
-                async def streamed():
-                    async with c.stream("POST", srv.url + "/v1/completions", json=LONG) as r:
-                        chunks = []
-                        async for chunk in r.aiter_text():
-                            chunks.append(chunk)
-                            first_chunk.set()
-                        return r.status_code, "".join(chunks)
                 # The stream must be running (its 200 sent) before the second request
                 # queues; started together, either could win the one slot.
-                running = asyncio.create_task(streamed())
+                running = asyncio.create_task(stream_whole(c, srv.url + "/v1/completions", LONG,
+                                                           first_chunk))
                 await asyncio.wait_for(first_chunk.wait(), 60)
                 queued = asyncio.create_task(c.post(srv.url + "/v1/completions",
                                                     json={**LONG, "stream": False}))
