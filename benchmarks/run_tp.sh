@@ -5,7 +5,11 @@
 # Arguments go to benchmarks/tp_bench.py.
 set -o pipefail
 mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/pf PYTHONUNBUFFERED=1   # not the repo root: operator/ would shadow the stdlib
+if [ -d .whl-core ]; then   # msgspec + pyzmq: the engine's protocol imports them (carry .whl-core)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site-pf .whl-core/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1   # not the repo root: operator/ would shadow the stdlib
 export OUT=${OUT:-/tmp/pagefleet-bench}
 mkdir -p "$OUT"
 if [ -z "${PAGEFLEET_BENCH_MODEL:-}" ]; then
