@@ -158,6 +158,7 @@ def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str
     engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
     server = ServerConfig(**{k: v for k, v in values.items() if k in server_names})
     engine.validate()
+    server.validate()
     return engine, server, notices
 
 

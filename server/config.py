@@ -38,6 +38,12 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | No
     return field(default=default, metadata=meta)
 
 
+# Longer than the 60 s idle timeout of the usual proxies in front of a server (nginx
+# ingress's upstream keep-alive, AWS ALB), so the proxy, not the server, ends an idle
+# connection; uvicorn's own 5 s default races every pooled proxy connection.
+KEEP_ALIVE_TIMEOUT_S = 75.0
+
+
 class ConfigError(ValueError):
     """A setting is out of range or inconsistent; the message names the flag."""
 
@@ -228,6 +234,24 @@ class ServerConfig:
     log_stats_interval: float = opt(10.0, "Seconds between throughput/queue/KV log lines.")
     uvicorn_log_level: str = opt("warning", "Log level of uvicorn's own loggers.",
                                  choices=("critical", "error", "warning", "info", "debug", "trace"))
+    timeout_keep_alive: float = opt(
+        KEEP_ALIVE_TIMEOUT_S, "Seconds an idle keep-alive connection stays open. Keep it "
+        "above the idle timeout of every proxy in front (nginx ingress and AWS ALB: 60 s), "
+        "or a proxy can reuse a connection just as the server closes it: a 502.")
+
+    def validate(self) -> None:
+        def need(cond: bool, flag: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"--{flag}: {msg}")
+
+        need(0 <= self.port <= 65535, "port", "must be in 0..65535")
+        need(self.max_num_queued_requests >= 1, "max-num-queued-requests", "must be >= 1")
+        need(self.max_request_body_bytes >= 1, "max-request-body-bytes", "must be >= 1")
+        need(self.queue_timeout is None or self.queue_timeout > 0, "queue-timeout", "must be > 0")
+        need(self.shutdown_timeout >= 0, "shutdown-timeout", "must be >= 0")
+        need(self.max_log_len >= 0, "max-log-len", "must be >= 0")
+        need(self.log_stats_interval > 0, "log-stats-interval", "must be > 0")
+        need(self.timeout_keep_alive > 0, "timeout-keep-alive", "must be > 0")
 
 
 # Flags that older vLLM releases took and that mean nothing here: accepted with a notice.

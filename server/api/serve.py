@@ -149,7 +149,8 @@ def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: s
                     chat_template=chat_template)
     config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port,
                             log_level=server_cfg.uvicorn_log_level, lifespan="on",
-                            timeout_graceful_shutdown=5, access_log=False)
+                            timeout_graceful_shutdown=5, access_log=False,
+                            timeout_keep_alive=server_cfg.timeout_keep_alive)
     async_engine = app.state.async_engine
     server = _make_server(config, async_engine, server_cfg.shutdown_timeout)
     exit_code = {"code": 0}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagefleet.server.config import ConfigError, opt
+from pagefleet.server.config import KEEP_ALIVE_TIMEOUT_S, ConfigError, opt
 
 ROUTING_MODES = ("prefix", "least-load", "round-robin")
 DISCOVERY_KINDS = ("static", "kubernetes")
@@ -75,6 +75,9 @@ class GatewayConfig:
     uvicorn_log_level: str = opt("warning", "Log level of uvicorn's own loggers.",
                                  choices=("critical", "error", "warning", "info", "debug",
                                           "trace"))
+    timeout_keep_alive: float = opt(KEEP_ALIVE_TIMEOUT_S, "Seconds an idle client keep-alive "
+                                    "connection stays open (above the idle timeout of the "
+                                    "proxies in front, as for pagefleet serve).")
 
     def validate(self) -> None:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -100,4 +103,5 @@ class GatewayConfig:
         need(self.unhealthy_threshold >= 1, "unhealthy-threshold", "must be >= 1")
         need(self.connect_timeout > 0, "connect-timeout", "must be > 0")
         need(self.max_attempts >= 1, "max-attempts", "must be >= 1")
+        need(self.timeout_keep_alive > 0, "timeout-keep-alive", "must be > 0")
         need(self.reload_interval > 0, "reload-interval", "must be > 0")

@@ -90,7 +90,8 @@ def run_gateway(cfg: GatewayConfig) -> int:
     app = build_app(gateway)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.uvicorn_log_level,
                             lifespan="on", access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                            timeout_keep_alive=cfg.timeout_keep_alive)
     server = _server_class()(config)
     log.info("gateway starting on http://%s:%d (%s discovery, %s routing)", cfg.host, cfg.port,
              cfg.discovery, cfg.routing)

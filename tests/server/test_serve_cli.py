@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -104,6 +106,14 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
         assert "--disable-log-requests is accepted for vLLM compatibility" in out
         assert "--trust-remote-code is accepted for vLLM compatibility" in out
         assert "hello" not in out            # no prompt text in logs by default
+        # A keep-alive connection idle past uvicorn's 5 s default is still open: a proxy
+        # in front that reuses it (nginx, an ALB, the kube API proxy) gets no 502.
+        host, port = srv.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            for idle in (0, 6):
+                time.sleep(idle)
+                sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200"), f"closed after {idle} s idle"
         srv.terminate()
         assert srv.proc.wait(60) == 0, srv.output()
     finally:

@@ -1,0 +1,34 @@
+"""`pagefleet serve` flags are checked once, at parse time: an out-of-range value is a
+startup error that names the flag, never a server that misbehaves later (a zero stats
+interval would spin the event loop; a zero queue cap would refuse every request)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagefleet.server.cli import build_configs
+from pagefleet.server.config import KEEP_ALIVE_TIMEOUT_S, ConfigError
+
+
+@pytest.mark.parametrize("argv,flag,why", [
+    (["--port", "70000"], "--port", "must be in 0..65535"),
+    (["--max-num-queued-requests", "0"], "--max-num-queued-requests", "must be >= 1"),
+    (["--max-request-body-bytes", "0"], "--max-request-body-bytes", "must be >= 1"),
+    (["--queue-timeout", "0"], "--queue-timeout", "must be > 0"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout", "must be >= 0"),
+    (["--max-log-len", "-1"], "--max-log-len", "must be >= 0"),
+    (["--log-stats-interval", "0"], "--log-stats-interval", "must be > 0"),
+    (["--timeout-keep-alive", "0"], "--timeout-keep-alive", "must be > 0"),
+    (["--max-num-seqs", "0"], "--max-num-seqs", "must be >= 1"),
+])
+def test_out_of_range_flags_name_themselves(argv: list[str], flag: str, why: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_configs(["some/model", *argv])
+    assert str(e.value) == f"{flag}: {why}"
+
+
+def test_defaults_pass_and_keep_alive_outlives_the_usual_proxies() -> None:
+    _, server, _ = build_configs(["some/model", "--shutdown-timeout", "0", "--port", "0"])
+    assert server.timeout_keep_alive == KEEP_ALIVE_TIMEOUT_S > 60
+    _, server, _ = build_configs(["some/model", "--timeout-keep-alive", "120"])
+    assert server.timeout_keep_alive == 120
