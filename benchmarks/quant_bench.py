@@ -147,10 +147,11 @@ def phase_kernels(args) -> dict:
             x = torch.randn(m, k, device="cuda", dtype=bf16)
             qw, s, z, gs = W["w4"]
             ref = quant.w4a16_linear(x.float(), qw, s, z, gs).to(bf16)
-            for path, gm in (("gemv", 10 ** 9), ("gemm", 0)):
+            for path, gm, dm in (("gemv", 10 ** 9, 10 ** 9), ("gemm", 0, 10 ** 9),
+                                 ("dequant", 0, 0)):
                 if path == "gemv" and m > 16:
                     continue
-                tq.W4_CONFIG["gemv_max_m"] = gm
+                tq.W4_CONFIG["gemv_max_m"], tq.W4_CONFIG["dequant_min_m"] = gm, dm
                 check(f"w4a16 {path} {name} M={m}", lambda: tq.w4a16_linear(x, qw, s, z, gs), ref,
                       1e-2)
             tq.W4_CONFIG.update(w4_default)
@@ -214,7 +215,8 @@ def phase_kernels(args) -> dict:
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
         for bn, bk, nw, pps in ((128, 128, 4, 4), (64, 128, 4, 8), (128, 256, 4, 4),
-                                (256, 128, 8, 4), (64, 256, 2, 8), (128, 128, 4, 2))],
+                                (256, 128, 8, 4), (64, 256, 2, 8), (128, 128, 4, 2),
+                                (128, 256, 8, 4), (256, 256, 8, 2), (64, 512, 4, 4))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
@@ -245,12 +247,14 @@ def phase_kernels(args) -> dict:
                 log(f"path at M={m} failed: {e!r}"[:300])
                 return float("nan")
         out["bf16"] = tot(lambda W, x: (lambda: torch.nn.functional.linear(x, W["bf16"])))
-        for gm, label in ((10 ** 9, "w4 gemv"), (0, "w4 gemm")):
-            if label == "w4 gemv" and m > 16:
+        for gm, dm, label in ((10 ** 9, 10 ** 9, "w4 gemv"), (0, 10 ** 9, "w4 gemm"),
+                              (0, 0, "w4 dequant+mm")):
+            if (label == "w4 gemv" and m > 16) or (label == "w4 dequant+mm" and m < 16):
                 continue
-            tq.W4_CONFIG["gemv_max_m"] = gm
+            tq.W4_CONFIG["gemv_max_m"], tq.W4_CONFIG["dequant_min_m"] = gm, dm
             out[label] = tot(lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"])))
         tq.W4_CONFIG["gemv_max_m"] = w4_default["gemv_max_m"]
+        tq.W4_CONFIG["dequant_min_m"] = w4_default["dequant_min_m"]
         if m <= 16:
             out["fp8 w8a16 gemv"] = tot(lambda W, x: (
                 lambda: tq.fp8_w8a16_linear(x, *W["fp8"], gemv=True)))
@@ -265,10 +269,16 @@ def phase_kernels(args) -> dict:
         tq.FP8_CONFIG["scaled_mm"] = True
         return out
 
-    paths = {m: per_path(m) for m in (1, 2, 4, 8, 16, 32, 64, 256, 8192)}
+    paths = {m: per_path(m) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 8192)}
     res["paths_ms_per_layer"] = paths
     gv = [m for m in paths if "w4 gemv" in paths[m] and paths[m]["w4 gemv"] < paths[m]["w4 gemm"]]
     tuned_w4["gemv_max_m"] = max(gv) if gv else 0
+    # Dequantize-then-cuBLAS from the smallest batch where it wins there and at every
+    # larger one measured.
+    dq = [m for m in paths if "w4 dequant+mm" in paths[m]]
+    tuned_w4["dequant_min_m"] = next(
+        (m for m in dq if all(paths[b]["w4 dequant+mm"] < paths[b]["w4 gemm"] for b in dq if b >= m)),
+        10 ** 9)
     gv8 = [m for m in paths if "fp8 w8a16 gemv" in paths[m]
            and paths[m]["fp8 w8a16 gemv"] < paths[m]["fp8 w8a16 gemm"]]
     tuned_fp8["gemv_max_m"] = max(gv8) if gv8 else 0

@@ -1,16 +1,23 @@
 """Quantized GEMMs in Triton (twins: `quant.py`, same signatures and layouts).
 
 w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
+- Nibbles become floats without an int-to-float conversion (a quarter-rate, 16 per
+  clock and SM instruction on Hopper, which made the first GEMV ALU-bound at 2.5x the
+  weight-read time): OR-ing a nibble that sits in the low 16 bits into the bit pattern
+  of 2^23 gives the float 2^23 + q * 16^j exactly, and one subtraction leaves q * 16^j
+  (`_nibbles`); the 16^j is folded into the activation (a power of two: exact).
 - `_w4_gemv_kernel`, small batches (decode): each program takes `BLOCK_N` output
   columns and one K split of one row; it reads `[BLOCK_K / 8, BLOCK_N]` int32 words
-  (contiguous along N), unpacks the 8 nibbles of each word with shifts and multiplies
-  them by the matching 8 activations, accumulating `[BLOCK_K / 8, BLOCK_N]` float32
-  partial sums; the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum
-  x`) and the group scale is applied once per tile. Split-K fills the GPU when N alone
-  cannot (B = 1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer
-  summed afterwards.
-- `_w4_gemm_kernel`, prefill and larger batches: tiles dequantized in registers to the
-  activation dtype and fed to `tl.dot` (float32 accumulation).
+  (contiguous along N), takes their 8 nibbles as above and multiplies them by the
+  matching 8 activations, accumulating `[BLOCK_K / 8, BLOCK_N]` float32 partial sums;
+  the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum x`) and the
+  group scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
+  1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer summed after.
+- `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
+  dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
+- From `W4_CONFIG['dequant_min_m']` rows (prefill), `_w4_dequant_kernel` writes the
+  whole `[K, N]` weight in the activation dtype once and cuBLAS multiplies: the
+  dequantization is paid once per call instead of once per row tile.
 fp8 (e4m3 weights with per-row or block scales):
 - `_fp8_gemv_kernel` / `_fp8_gemm_kernel`: weight-only (w8a16) for small and medium
   batches, scales applied per tile or at the end (per-row scales);
@@ -41,6 +48,8 @@ W4_CONFIG = {
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
     "programs_per_sm": 4,
     "max_split": 32,
+    "dequant_min_m": 1024,  # rows from which the weight is dequantized whole for cuBLAS
+    "dequant_block_r": 16, "dequant_block_n": 128,
 }
 FP8_CONFIG = {
     "gemv_max_m": 1,        # rows up to which the weight-only GEMV runs
@@ -130,6 +139,25 @@ def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
 
 # -- w4a16 ----------------------------------------------------------------------------------
 
+MAGIC = tl.constexpr(0x4B000000)   # the bits of the float 2^23: its mantissa's unit is 1.0
+MAGIC_F = tl.constexpr(8388608.0)
+
+
+@triton.jit
+def _nibble_times_16j(words, j: tl.constexpr):
+    """Nibble j (0..3) of each word's low 16 bits, as the float q * 16^j: exact, with an
+    AND/OR and a float subtraction instead of a quarter-rate int-to-float conversion."""
+    bits = (words & (0xF << (4 * j))) | MAGIC
+    return bits.to(tl.float32, bitcast=True) - MAGIC_F
+
+
+@triton.jit
+def _q_minus_z(words, z):
+    """`q - z` for the low nibble of each word (z: float zero points), in one subtraction."""
+    bits = (words & 0xF) | MAGIC
+    return bits.to(tl.float32, bitcast=True) - (MAGIC_F + z)
+
+
 @triton.jit
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
@@ -154,10 +182,13 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
         s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         part = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
         xs = tl.zeros((BK8,), dtype=tl.float32)
+        hi = qw >> 16   # nibbles 4..7 into the low 16 bits (sign bits above are masked off)
         for i in tl.static_range(8):
             xi = tl.load(x_row + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
-            wi = ((qw >> (4 * i)) & 0xF).to(tl.float32)
-            part += xi[:, None] * wi
+            j: tl.constexpr = i % 4
+            inv: tl.constexpr = 1.0 / (1 << (4 * j))
+            wi = _nibble_times_16j(qw if i < 4 else hi, j)      # q * 16^j
+            part += (xi * inv)[:, None] * wi
             xs += xi
         if HAS_ZERO:
             z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
@@ -193,14 +224,13 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         qw = tl.load(qw_ptr + (k // 8).to(tl.int64)[:, None] * N + offs_n[None, :],
                      mask=k_mask[:, None] & n_mask[None, :], other=0)
-        q = ((qw >> ((k % 8) * 4)[:, None]) & 0xF).to(tl.float32)
         g = k0 // group_size
         s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         if HAS_ZERO:
             z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
         else:
             z = tl.full((BLOCK_N,), 8.0, tl.float32)
-        w = ((q - z[None, :]) * s[None, :]).to(a.dtype)
+        w = (_q_minus_z(qw >> ((k % 8) * 4)[:, None], z[None, :]) * s[None, :]).to(a.dtype)
         acc += _dot(a, w, F32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -209,14 +239,50 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride
              mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, R, group_size, HAS_ZERO: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`[BLOCK_R, BLOCK_N]` words -> rows `8r + i` of the `[K, N]` weight (coalesced on N)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_r < R)[:, None] & (offs_n < N)[None, :]
+    qw = tl.load(qw_ptr + offs_r.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    g = (offs_r * 8 // group_size).to(tl.int64)[:, None] * N + offs_n[None, :]
+    s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ZERO:
+        z = tl.load(z_ptr + g, mask=mask, other=0).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_R, BLOCK_N), 8.0, tl.float32)
+    base = out_ptr + (offs_r * 8).to(tl.int64)[:, None] * N + offs_n[None, :]
+    for i in tl.static_range(8):
+        w = _q_minus_z(qw >> (4 * i), z) * s
+        tl.store(base + i * N, w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def w4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                  group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Same as `quant.w4_dequantize` (group_size a multiple of 8, as every format's)."""
+    r, n = qweight.shape
+    out = torch.empty(r * 8, n, device=qweight.device, dtype=dtype)
+    br, bn = W4_CONFIG["dequant_block_r"], W4_CONFIG["dequant_block_n"]
+    _w4_dequant_kernel[(triton.cdiv(r, br), triton.cdiv(n, bn))](
+        qweight, scales, zeros if zeros is not None else scales, out, n, r, group_size,
+        HAS_ZERO=zeros is not None, BLOCK_R=br, BLOCK_N=bn, num_warps=4)
+    return out
+
+
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor | None, group_size: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same as `quant.w4a16_linear`: GEMV kernel for up to W4_CONFIG['gemv_max_m'] rows,
-    else the tl.dot kernel; split-K when the output tiles alone cannot fill the GPU."""
+    the tl.dot kernel below W4_CONFIG['dequant_min_m'] (split-K when the output tiles
+    alone cannot fill the GPU), above it the dequantized weight through cuBLAS."""
     m, k = x.shape
     n = qweight.shape[1]
     cfg = W4_CONFIG
+    if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
+        w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
+        return torch.addmm(bias, x, w) if bias is not None else x @ w
     gemv = m <= cfg["gemv_max_m"]
     bk = _group_block(cfg["gemv_block_k" if gemv else "gemm_block_k"], group_size, k)
     if m == 0 or bk < (8 if gemv else 16) or k % 8:
@@ -344,7 +410,9 @@ def _fp8_act_quant_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_xm,
         scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
     for k0 in range(0, K, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
-        v = tl.load(row + k, mask=k < K, other=0.0).to(tl.float32) / scale
+        # IEEE division, as torch's: the default one is approximate and moved a few
+        # values across an e4m3 rounding boundary.
+        v = tl.div_rn(tl.load(row + k, mask=k < K, other=0.0).to(tl.float32), scale)
         v = tl.minimum(tl.maximum(v, -448.0), 448.0)
         tl.store(q_ptr + m.to(tl.int64) * K + k, v.to(q_ptr.dtype.element_ty), mask=k < K)
     tl.store(s_ptr + m, scale)

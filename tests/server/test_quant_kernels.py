@@ -37,7 +37,8 @@ def small_tiles(monkeypatch):
     """Tiles small enough for the interpreter, so loops, masks and splits all run."""
     for cfg, keys in ((triton_quant.W4_CONFIG, {"gemv_block_n": 16, "gemv_block_k": 32,
                                                 "gemm_block_n": 16, "gemm_block_k": 32,
-                                                "target_programs": 8}),
+                                                "target_programs": 8, "dequant_block_r": 4,
+                                                "dequant_block_n": 16}),
                       (triton_quant.FP8_CONFIG, {"gemv_block_n": 16, "gemv_block_k": 32,
                                                  "gemm_block_n": 16, "gemm_block_k": 32,
                                                  "w8a8_block_m": 16, "w8a8_block_n": 16,
@@ -69,17 +70,35 @@ W4_CASES = [
 
 
 # The GEMV runs one program row per input row: it is tested at small batches only.
-@pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES for p in ("gemv", "gemm")
-                                       if p == "gemm" or c[0] <= 3])
+# "dequant": the whole weight dequantized by its kernel, then a plain matmul (prefill).
+@pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES for p in ("gemv", "gemm", "dequant")
+                                       if p != "gemv" or c[0] <= 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_w4a16(case, dtype, path, monkeypatch):
     m, k, n, group, zeros = case
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16 if path == "gemv" else 0)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "dequant_min_m", 1 if path == "dequant" else 10 ** 9)
     x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m * 1000 + k + n)
     out = triton_quant.w4a16_linear(x, qw, s, z, group, b)
     ref = quant.w4a16_linear(x.float(), qw, s, z, group, b.float())
     assert out.dtype == dtype and out.shape == (m, n)
     assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case", W4_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_w4_dequantize_is_the_twins_bit_for_bit(case, dtype):
+    """Nibbles read through the float bit trick, not an int-to-float conversion: the
+    same float32 values, every nibble position, every zero point (bfloat16 within its
+    rounding: the interpreter's float32 -> bfloat16 conversion is not round-to-nearest)."""
+    _, k, n, group, zeros = case
+    _, qw, s, z, _ = int4_case(1, k, n, group, zeros, dtype, seed=k + n)
+    out = triton_quant.w4_dequantize(qw, s, z, group, dtype)
+    ref = quant.w4_dequantize(qw, s, z, group, dtype)
+    if dtype == torch.float32:
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out, ref, rtol=2 ** -7, atol=0)
 
 
 def test_w4a16_split_k_and_single_split_agree(monkeypatch):
