@@ -147,7 +147,7 @@ MAGIC_F = tl.constexpr(8388608.0)
 def _nibble_times_16j(words, j: tl.constexpr):
     """Nibble j (0..3) of each word's low 16 bits, as the float q * 16^j: exact, with an
     AND/OR and a float subtraction instead of a quarter-rate int-to-float conversion."""
-    bits = (words & (0xF << (4 * j))) | MAGIC
+    bits = (words & (15 * 16 ** j)) | MAGIC
     return bits.to(tl.float32, bitcast=True) - MAGIC_F
 
 
@@ -183,13 +183,13 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
         part = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
         xs = tl.zeros((BK8,), dtype=tl.float32)
         hi = qw >> 16   # nibbles 4..7 into the low 16 bits (sign bits above are masked off)
-        for i in tl.static_range(8):
-            xi = tl.load(x_row + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
-            j: tl.constexpr = i % 4
-            inv: tl.constexpr = 1.0 / (1 << (4 * j))
-            wi = _nibble_times_16j(qw if i < 4 else hi, j)      # q * 16^j
-            part += (xi * inv)[:, None] * wi
-            xs += xi
+        for half in tl.static_range(2):
+            for j in tl.static_range(4):
+                xi = tl.load(x_row + rows * 8 + (half * 4 + j), mask=r_mask,
+                             other=0.0).to(tl.float32)
+                wi = _nibble_times_16j(qw if half == 0 else hi, j)      # q * 16^j
+                part += (xi * (1.0 / (16.0 ** j)))[:, None] * wi
+                xs += xi
         if HAS_ZERO:
             z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
             acc += (part - xs[:, None] * z[None, :]) * s[None, :]
