@@ -40,23 +40,25 @@ from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
 from pagefleet.server.ops.triton_common import sm_count
 
+# Launch configs and crossovers as the H200 sweep of 2026-12-01 picked them
+# (`benchmarks/quant_bench.py --phases kernels`, BENCHMARKS.md); other GPUs run them too.
 W4_CONFIG = {
-    "gemv_max_m": 1,        # rows up to which the GEMV kernel runs (one program row each)
-    "gemv_block_n": 128, "gemv_block_k": 128, "gemv_warps": 4, "gemv_stages": 2,
-    "gemm_block_n": 128, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    "gemv_max_m": 2,        # rows up to which the GEMV kernel runs (one program row each)
+    "gemv_block_n": 64, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
+    "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
     "programs_per_sm": 4,
     "max_split": 32,
-    "dequant_min_m": 1024,  # rows from which the weight is dequantized whole for cuBLAS
+    "dequant_min_m": 64,    # rows from which the weight is dequantized whole for cuBLAS
     "dequant_block_r": 16, "dequant_block_n": 128,
 }
 FP8_CONFIG = {
     "gemv_max_m": 1,        # rows up to which the weight-only GEMV runs
     "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
     "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
-    "gemv_block_n": 64, "gemv_block_k": 128, "gemv_warps": 4, "gemv_stages": 2,
-    "gemm_block_n": 128, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    "gemv_block_n": 32, "gemv_block_k": 256, "gemv_warps": 4, "gemv_stages": 2,
+    "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 3,
     "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
     "w8a8_stages": 3,
     "gemm_block_m": None,
