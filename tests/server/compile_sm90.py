@@ -1,0 +1,72 @@
+"""Compile the quantized-GEMM Triton kernels for sm_90 (H100/H200) on a machine
+without a GPU: Triton's own front end and the ptxas it ships, with the launch configs
+that `triton_quant` ships. The interpreter runs kernel bodies as Python and accepts code
+the compiler refuses (a constexpr reassigned in an unrolled loop cost a device call on
+2026-12-01); this catches that class here. Run as a script with TRITON_INTERPRET=0 by
+tests/server/test_kernels_compile.py; prints one line per kernel, exits 1 on a failure."""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pagefleet.server.ops import triton_quant as tq
+
+
+def signature(fn, ptrs: dict[str, str], constexprs: dict) -> dict[str, str]:
+    """Pointers typed by name, constexprs as such, every other argument an i32."""
+    return {a: ("constexpr" if a in constexprs else ptrs.get(a, "*fp32") if a.endswith("_ptr")
+                else "i32") for a in fn.arg_names}
+
+
+def main() -> int:
+    target = GPUTarget("cuda", 90, 32)
+    w4, f8 = tq.W4_CONFIG, tq.FP8_CONFIG
+    int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
+    fp8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "as_ptr": "*fp32",
+           "b_ptr": "*bf16"}
+    cases = [
+        ("w4 gemv", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False,
+         "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": min(w4["gemv_block_k"], 128)},
+         w4["gemv_warps"], w4["gemv_stages"]),
+        ("w4 gemv symmetric", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False, "HAS_BIAS": True,
+         "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"]},
+         w4["gemv_warps"], w4["gemv_stages"]),
+        ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
+         "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False},
+         w4["gemm_warps"], w4["gemm_stages"]),
+        ("w4 dequant", tq._w4_dequant_kernel, {**int4, "out_ptr": "*bf16"},
+         {"HAS_ZERO": True, "BLOCK_R": w4["dequant_block_r"], "BLOCK_N": w4["dequant_block_n"]},
+         4, 2),
+        ("split-K reduce", tq._splitk_reduce_kernel, {"b_ptr": "*bf16", "out_ptr": "*bf16"},
+         {"SPLITS": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 2),
+        ("fp8 gemv", tq._fp8_gemv_kernel, fp8, {"ROW_SCALE": True, "HAS_BIAS": False,
+         "BLOCK_N": f8["gemv_block_n"], "BLOCK_K": f8["gemv_block_k"]},
+         f8["gemv_warps"], f8["gemv_stages"]),
+        ("fp8 w8a16 gemm", tq._fp8_gemm_kernel, fp8, {"ROW_SCALE": False, "W8A8": False,
+         "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": f8["gemm_block_n"],
+         "BLOCK_K": f8["gemm_block_k"], "F32": False}, f8["gemm_warps"], f8["gemm_stages"]),
+        ("fp8 w8a8 gemm", tq._fp8_gemm_kernel, {**fp8, "x_ptr": "*fp8e4nv"}, {"ROW_SCALE": True,
+         "W8A8": True, "HAS_BIAS": False, "BLOCK_M": f8["w8a8_block_m"],
+         "BLOCK_N": f8["w8a8_block_n"], "BLOCK_K": f8["w8a8_block_k"], "F32": False},
+         f8["w8a8_warps"], f8["w8a8_stages"]),
+        ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
+         {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
+    ]
+    failed = 0
+    for name, fn, ptrs, cx, warps, stages in cases:
+        try:
+            src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
+            triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+            print(f"ok {name}")
+        except Exception as e:   # noqa: BLE001 - report every kernel, then fail
+            failed += 1
+            print(f"FAILED {name}: {e!r}"[:2000])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
