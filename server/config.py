@@ -48,6 +48,12 @@ class ConfigError(ValueError):
     """A setting is out of range or inconsistent; the message names the flag."""
 
 
+def need(cond: bool, flag: str, msg: str) -> None:
+    """One bound of a `validate()`: a ConfigError naming the flag when `cond` is false."""
+    if not cond:
+        raise ConfigError(f"--{flag}: {msg}")
+
+
 @dataclass
 class EngineConfig:
     """What the engine needs: model, memory and scheduling."""
@@ -114,10 +120,6 @@ class EngineConfig:
                                    choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:
-        def need(cond: bool, flag: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"--{flag}: {msg}")
-
         need(self.max_num_seqs is None or self.max_num_seqs >= 1, "max-num-seqs", "must be >= 1")
         need(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
              "max-num-batched-tokens", "must be >= 1")
@@ -240,10 +242,6 @@ class ServerConfig:
         "or a proxy can reuse a connection just as the server closes it: a 502.")
 
     def validate(self) -> None:
-        def need(cond: bool, flag: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"--{flag}: {msg}")
-
         need(0 <= self.port <= 65535, "port", "must be in 0..65535")
         need(self.max_num_queued_requests >= 1, "max-num-queued-requests", "must be >= 1")
         need(self.max_request_body_bytes >= 1, "max-request-body-bytes", "must be >= 1")

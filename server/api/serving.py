@@ -156,8 +156,6 @@ class OpenAIServing:
     def _common_checks(self, req: P._SamplingFields) -> tuple[int, int]:
         """Checks every generation request shares; returns (n, best_of)."""
         self.check_model(req.model)
-        if req.logit_bias and any(int(t) >= self.vocab_size for t in req.logit_bias):
-            raise bad_request(f"logit_bias: token ids must be < {self.vocab_size}", "logit_bias")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")

@@ -250,10 +250,9 @@ class Sampler:
         bias_rows: list[int] = []
         bias_toks: list[int] = []
         bias_vals: list[float] = []
-        any_bias = self.num_bias > 0
         for i, r in enumerate(reqs):
             p = r.params
-            if any_bias and p.logit_bias_ids:
+            if p.logit_bias_ids:
                 bias_rows.extend([i] * len(p.logit_bias_ids))
                 bias_toks.extend(p.logit_bias_ids)
                 bias_vals.extend(p.logit_bias_values)

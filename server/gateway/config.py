@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagefleet.server.config import KEEP_ALIVE_TIMEOUT_S, ConfigError, opt
+from pagefleet.server.config import KEEP_ALIVE_TIMEOUT_S, need, opt
 
 ROUTING_MODES = ("prefix", "least-load", "round-robin")
 DISCOVERY_KINDS = ("static", "kubernetes")
@@ -80,10 +80,6 @@ class GatewayConfig:
                                     "proxies in front, as for pagefleet serve).")
 
     def validate(self) -> None:
-        def need(cond: bool, flag: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"--{flag}: {msg}")
-
         need(self.discovery != "static" or bool(self.models_file), "models-file",
              "static discovery needs a models file")
         need(self.load_epsilon >= 0, "load-epsilon", "must be >= 0")
