@@ -30,6 +30,9 @@ DECODE_CONFIG = {
     "min_partition": 128,   # fewest; small batches use short splits (more programs)
     "target_programs": None,  # None: 2 x multiprocessor count
 }
+# 64 x 64 also in the engine: on the H200 128 x 64 tiles ran a lone 8,192-token chunk over
+# 16K of context 20% faster (3.3 vs 4.1 ms), L2 flushed or not, yet the 16K-document run
+# was no faster with them (222 vs 227 out tok/s; benchmarks/profile_serving.py, BENCHMARKS.md).
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
@@ -247,6 +250,46 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 # -- prefill (varlen, over the paged cache) ------------------------------------------------
 
+@triton.jit
+def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr, vc_ptr, d, dmask, kvh,
+                  stride_cblk, stride_ctok, stride_ch, qk_scale, k_scale, v_scale,
+                  BS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """One online-softmax step over keys [start, start + BLOCK_N). MASKED: the causal
+    mask and the context end apply; else every key is visible to every row of the tile
+    and the selects are left out."""
+    tok = start + tl.arange(0, BLOCK_N)
+    tmask = tok < kv_end
+    if MASKED:
+        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt_row + tok // BS).to(tl.int64)
+    off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+    kv_mask = (tmask[:, None] if MASKED else tok[:, None] >= 0) & dmask[None, :]
+    k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8:
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
+    # Raw scores; the scale (log2 e folded in) goes into the exponent's FMA below, not
+    # a multiply of its own over the whole tile (m_i is kept in scaled units).
+    s = _dot(q, tl.trans(k), F32)
+    if MASKED:
+        ok = (tok[None, :] <= q_pos[:, None]) & tmask[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s * qk_scale - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8:
+        v = (v.to(tl.float32) * v_scale).to(q.dtype)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
+    return acc, m_new, l_i
+
+
 @triton.jit(do_not_specialize=["num_seqs"],
             do_not_specialize_on_alignment=["cu_ptr", "ctx_ptr", "bt_ptr"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
@@ -281,31 +324,18 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     kv_end = tl.minimum(tl.max(tl.where(rmask, q_pos, -1), 0) + 1, ctx)
-    n = tl.arange(0, BLOCK_N)
+    # Key tiles that every row of this query tile may see (at or before its first row's
+    # position) need no mask: most of a long context. Only the diagonal ones are masked.
+    full_end = tl.minimum((ctx - q_len + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N, kv_end)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
-        tok = start + n
-        tmask = tok < kv_end
-        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
-        off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
-        k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
-                    other=0.0)
-        if FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-        s = _dot(q, tl.trans(k), F32) * qk_scale
-        ok = (tok[None, :] <= q_pos[:, None]) & tmask[None, :]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
-                    other=0.0)
-        if FP8:
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
-        m_i = m_new
+    for start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr,
+                                      vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
+                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, False)
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr,
+                                      vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
+                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, True)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + d[None, :],

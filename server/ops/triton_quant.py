@@ -5,13 +5,14 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   on Hopper): OR-ing a nibble that sits in the low 16 bits into the bit pattern of 2^23
   gives the float 2^23 + q * 16^j exactly, and one subtraction leaves q * 16^j
   (`_nibble_times_16j`); the 16^j is folded into the activation (a power of two:
-  exact). On the H200 this moved the B=1 linear layers only from 2.82 to 2.77 ms: the
-  GEMV is held back by too few loads in flight (1.2 TB/s), not by arithmetic.
+  exact). On the H200 this moved the B=1 linear layers only from 2.82 to 2.77 ms, and
+  tiles spanning four groups (4x the words in flight per thread) only to 2.66 ms: the
+  GEMV (1.3 TB/s) issues ~4 instructions per nibble, which the loads do not hide.
 - `_w4_gemv_kernel`, small batches (decode): each program takes `BLOCK_N` output
   columns and one K split of one row; it reads `[BLOCK_K / 8, BLOCK_N]` int32 words
-  (contiguous along N), takes their 8 nibbles as above and multiplies them by the
-  matching 8 activations, accumulating `[BLOCK_K / 8, BLOCK_N]` float32 partial sums;
-  the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum x`) and the
+  (contiguous along N; a tile spans several quantization groups, one scale row each),
+  takes their 8 nibbles as above and multiplies them by the matching 8 activations,
+  accumulating float32 partial sums; the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum x`) and the
   group scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
   1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer summed after.
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
@@ -45,7 +46,8 @@ from pagefleet.server.ops.triton_common import sm_count
 # (`benchmarks/quant_bench.py --phases kernels`, BENCHMARKS.md); other GPUs run them too.
 W4_CONFIG = {
     "gemv_max_m": 2,        # rows up to which the GEMV kernel runs (one program row each)
-    "gemv_block_n": 64, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
+    # 32 x 512: four 128-row groups per tile (second sweep, 2026-12-01 22:40)
+    "gemv_block_n": 32, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -58,7 +60,7 @@ FP8_CONFIG = {
     "gemv_max_m": 1,        # rows up to which the weight-only GEMV runs
     "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
     "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
-    "gemv_block_n": 32, "gemv_block_k": 256, "gemv_warps": 4, "gemv_stages": 2,
+    "gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 3,
     "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
     "w8a8_stages": 3,
@@ -102,6 +104,16 @@ def _group_block(block_k: int, group: int, k: int) -> int:
     while block_k > 8 and group % block_k:
         block_k //= 2
     return block_k if group % block_k == 0 else 0
+
+
+def _gemv_tile(block_k: int, group: int, k: int) -> tuple[int, int]:
+    """(K rows per GEMV tile, groups per tile): a tile spans whole groups when the
+    configured size holds several (power-of-two groups, as every format writes), else
+    it stays inside one group."""
+    if group < k and block_k > group and block_k % group == 0 and group >= 8 \
+            and group & (group - 1) == 0:
+        return block_k, block_k // group
+    return _group_block(block_k, group, k), 1
 
 
 def _out_buffer(splits: int, m: int, n: int, x: torch.Tensor, dtype: torch.dtype,
@@ -164,41 +176,48 @@ def _q_minus_z(words, z):
 @triton.jit
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GPT: tl.constexpr):
+    """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
+    words: a tile may span several quantization groups (one scale row per group slice),
+    so a 128-row group no longer caps each load at `[16, BLOCK_N]` words."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
-    BK8: tl.constexpr = BLOCK_K // 8
+    R: tl.constexpr = BLOCK_K // 8 // GPT
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_r = tl.arange(0, BK8)
-    acc = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
+    offs_g = tl.arange(0, GPT)
+    local = offs_g[:, None] * R + tl.arange(0, R)[None, :]       # [GPT, R] word rows
+    acc = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
     for k0 in range(k_start, k_end, BLOCK_K):
-        rows = k0 // 8 + offs_r
+        rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
-        qw = tl.load(qw_ptr + rows.to(tl.int64)[:, None] * N + offs_n[None, :],
-                     mask=r_mask[:, None] & n_mask[None, :], other=0)
-        g = k0 // group_size
-        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        part = tl.zeros((BK8, BLOCK_N), dtype=tl.float32)
-        xs = tl.zeros((BK8,), dtype=tl.float32)
+        qw = tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
+                     mask=r_mask[:, :, None] & n_mask[None, None, :], other=0)
+        g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
+        g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
+        g_off = (g_k // group_size)[:, None] * N + offs_n[None, :]
+        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
+        part = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+        xs = tl.zeros((GPT, R), dtype=tl.float32)
         hi = qw >> 16   # nibbles 4..7 into the low 16 bits (sign bits above are masked off)
         for half in tl.static_range(2):
             for j in tl.static_range(4):
                 xi = tl.load(x_row + rows * 8 + (half * 4 + j), mask=r_mask,
                              other=0.0).to(tl.float32)
                 wi = _nibble_times_16j(qw if half == 0 else hi, j)      # q * 16^j
-                part += (xi * (1.0 / (16.0 ** j)))[:, None] * wi
+                part += (xi * (1.0 / (16.0 ** j)))[:, :, None] * wi
                 xs += xi
         if HAS_ZERO:
-            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)
-            acc += (part - xs[:, None] * z[None, :]) * s[None, :]
+            z = tl.load(z_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
+            acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
         else:
-            acc += (part - 8.0 * xs[:, None]) * s[None, :]
-    out = tl.sum(acc, axis=0)
+            acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
+    out = tl.sum(tl.sum(acc, axis=1), axis=0)
     if HAS_BIAS:
         out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
@@ -287,7 +306,10 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     gemv = m <= cfg["gemv_max_m"]
-    bk = _group_block(cfg["gemv_block_k" if gemv else "gemm_block_k"], group_size, k)
+    if gemv:
+        bk, gpt = _gemv_tile(cfg["gemv_block_k"], group_size, k)
+    else:
+        bk, gpt = _group_block(cfg["gemm_block_k"], group_size, k), 1
     if m == 0 or bk < (8 if gemv else 16) or k % 8:
         return twin.w4a16_linear(x, qweight, scales, zeros, group_size, bias)
     x = x.contiguous()
@@ -301,7 +323,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
             group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+            BLOCK_K=bk, GPT=gpt, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)

@@ -1,4 +1,4 @@
-"""Compile the quantized-GEMM Triton kernels for sm_90 (H100/H200) on a machine
+"""Compile the quantized-GEMM and prefill-attention Triton kernels for sm_90 (H100/H200) on a machine
 without a GPU: Triton's own front end and the ptxas it ships, with the launch configs
 that `triton_quant` ships. The interpreter runs kernel bodies as Python and accepts code
 the compiler refuses (a constexpr reassigned in an unrolled loop cost a device call on
@@ -13,28 +13,35 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from pagefleet.server.ops import triton_attention as ta
 from pagefleet.server.ops import triton_quant as tq
 
 
 def signature(fn, ptrs: dict[str, str], constexprs: dict) -> dict[str, str]:
-    """Pointers typed by name, constexprs as such, every other argument an i32."""
-    return {a: ("constexpr" if a in constexprs else ptrs.get(a, "*fp32") if a.endswith("_ptr")
-                else "i32") for a in fn.arg_names}
+    """Arguments typed by name (`ptrs`), constexprs as such, other pointers float32,
+    every other argument an i32."""
+    return {a: ("constexpr" if a in constexprs else ptrs.get(a) or (
+                "*fp32" if a.endswith("_ptr") else "i32")) for a in fn.arg_names}
 
 
 def main() -> int:
     target = GPUTarget("cuda", 90, 32)
-    w4, f8 = tq.W4_CONFIG, tq.FP8_CONFIG
+    w4, f8, pf = tq.W4_CONFIG, tq.FP8_CONFIG, ta.PREFILL_CONFIG
+    attn = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "cu_ptr": "*i32",
+            "ctx_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*bf16",
+            "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
     int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
     fp8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "as_ptr": "*fp32",
            "b_ptr": "*bf16"}
     cases = [
-        ("w4 gemv", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False,
-         "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": min(w4["gemv_block_k"], 128)},
+        ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+         "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
+         "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
+         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1]},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv symmetric", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False, "HAS_BIAS": True,
-         "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"]},
-         w4["gemv_warps"], w4["gemv_stages"]),
+        ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False,
+         "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"],
+         "GPT": 1}, w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False},
          w4["gemm_warps"], w4["gemm_stages"]),
@@ -53,6 +60,15 @@ def main() -> int:
          "W8A8": True, "HAS_BIAS": False, "BLOCK_M": f8["w8a8_block_m"],
          "BLOCK_N": f8["w8a8_block_n"], "BLOCK_K": f8["w8a8_block_k"], "F32": False},
          f8["w8a8_warps"], f8["w8a8_stages"]),
+        ("prefill attention", ta._prefill_kernel, attn, {
+         "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
+         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False},
+         pf["num_warps"], pf["num_stages"]),
+        ("prefill attention, fp8 cache", ta._prefill_kernel,
+         {**attn, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {
+         "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
+         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False},
+         pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
     ]

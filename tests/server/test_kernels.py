@@ -169,6 +169,7 @@ PREFILL_CASES = [
     (8, 2, 32, 16, [(0, 5), (16, 20), (37, 1), (0, 40)]),      # prefix hits, a decode row
     (6, 1, 16, 32, [(32, 33), (3, 2), (64, 16)]),              # chunked prefill
     (14, 2, 32, 32, [(0, 17), (50, 9)]),                        # group of 7
+    (4, 2, 16, 16, [(203, 37), (0, 64), (48, 16)]),   # unmasked key tiles, then the diagonal
 ]
 
 

@@ -101,6 +101,22 @@ def test_w4_dequantize_is_the_twins_bit_for_bit(case, dtype):
         torch.testing.assert_close(out, ref, rtol=2 ** -7, atol=0)
 
 
+@pytest.mark.parametrize("k,group,block_k", [(200, 32, 64), (136, 32, 128), (256, 64, 128),
+                                             (96, 16, 64)])
+@pytest.mark.parametrize("zeros", [True, False])
+def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, monkeypatch):
+    """A GEMV tile of several groups (one scale row per slice): K ending inside a slice
+    and slices wholly past K, with and without split-K."""
+    assert triton_quant._gemv_tile(block_k, group, k) == (block_k, block_k // group)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_block_k", block_k)
+    x, qw, s, z, b = int4_case(2, k, 40, group, zeros, torch.float32, seed=k + group)
+    ref = quant.w4a16_linear(x, qw, s, z, group, b)
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, group, b), ref) <= 1e-5
+
+
 def test_w4a16_split_k_and_single_split_agree(monkeypatch):
     x, qw, s, z, b = int4_case(2, 256, 32, 32, True, torch.float32, 7)
     ref = quant.w4a16_linear(x, qw, s, z, 32, b)
