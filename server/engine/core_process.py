@@ -156,7 +156,7 @@ class CoreLoop:
                         self.pending = CoreOutputs()
                     if step_out:
                         self.send(step_out)
-                    else:
+                    if not core.progressed:
                         time.sleep(0.001)   # nothing could run this step: don't spin hot
                 elif self.pending:
                     stats = core.stats()

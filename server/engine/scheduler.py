@@ -110,6 +110,19 @@ class Scheduler:
         leader = self.requests.get(req.prefix_leader) if req.prefix_leader else None
         return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
 
+    def room_for_arrivals(self) -> bool:
+        """Whether a request arriving now would join the next step: nothing waits ahead
+        of it and the running requests' next tokens leave budget and a row over. It
+        walks the running requests, so the core asks only after a long step."""
+        if self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        need, budget = 0, self.max_num_batched_tokens
+        for req in self.running.values():
+            need += max(1, self._chunk(req.num_tokens - req.num_computed_tokens, budget))
+            if need >= budget:
+                return False
+        return True
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens

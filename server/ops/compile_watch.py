@@ -59,6 +59,12 @@ def install() -> bool:
     return True
 
 
+def mark_starting() -> None:
+    """An engine is starting in this process (graph capture, warm-up): its compiles are
+    the point of the warm-up, not stalls, even when an engine before it was ready."""
+    _state["ready"] = False
+
+
 def mark_ready() -> None:
     """From here on a compile is one that a user's step paid for."""
     _state["ready"] = True

@@ -79,3 +79,47 @@ def test_abort_while_a_step_is_in_flight(tiny_models):
     assert set(done) == {"f0", "f2"}
     assert all(len(o.outputs[0].token_ids) == 50 for o in done.values())
     eng.kv.check_whole()
+
+
+def _first_step_of_late_arrival(model_dir, hold: int | None, max_num_seqs: int = 4):
+    """A long prefill is launched, the core resolves or runs ahead, then a request
+    arrives: in which launched step does its prefill run, and what do both produce."""
+    from pagefleet.server.engine.protocol import CoreRequest, CoreSamplingParams
+    llm = LLM(model_dir, max_model_len=256, max_num_seqs=max_num_seqs)
+    core = llm.engine.core
+    core.hold_after_prompt_tokens = hold
+    a, b, c = random_prompts(31, [60, 12, 20], 512)
+    greedy = CoreSamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    core.add_request(CoreRequest("a", a, greedy))
+    if max_num_seqs == 1:
+        core.add_request(CoreRequest("c", c, greedy))   # waits: no room for arrivals
+    tokens: dict[str, list[int]] = {}
+
+    def step():
+        for o in core.step().outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    step()                                   # a's prefill, 60 prompt tokens
+    step()                                   # hold: resolve it; else: queue the next one
+    core.add_request(CoreRequest("b", b, greedy))
+    while core.scheduler.requests["b"].num_computed_tokens == 0:
+        step()
+    first_b = core.num_steps
+    while core.has_unfinished_requests():
+        step()
+    core.kv.check_whole()
+    return first_b, tokens
+
+
+def test_server_holds_after_a_long_prefill_for_arrivals(tiny_models):
+    """Serving, a step of many prompt tokens is resolved before the next is scheduled
+    when that step has room: a request arriving meanwhile runs in the very next step
+    instead of the one after it. Same tokens either way; no hold while a queue waits."""
+    model_dir = tiny_models("qwen3")
+    held, held_tokens = _first_step_of_late_arrival(model_dir, hold=16)
+    ahead, ahead_tokens = _first_step_of_late_arrival(model_dir, hold=None)
+    assert (held, ahead) == (2, 3)
+    assert held_tokens == ahead_tokens and all(len(t) == 6 for t in held_tokens.values())
+    # A request already waiting is ahead of any arrival: running ahead costs nobody.
+    queued, _ = _first_step_of_late_arrival(model_dir, hold=16, max_num_seqs=1)
+    queued_ahead, _ = _first_step_of_late_arrival(model_dir, hold=None, max_num_seqs=1)
+    assert queued == queued_ahead
