@@ -214,9 +214,12 @@ def phase_kernels(args) -> dict:
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
-        for bn, bk, nw, pps in ((128, 128, 4, 4), (64, 128, 4, 8), (128, 256, 4, 4),
-                                (256, 128, 8, 4), (64, 256, 2, 8), (128, 128, 4, 2),
-                                (128, 256, 8, 4), (256, 256, 8, 2), (64, 512, 4, 4))],
+        # 128-row groups: a 512-row tile is 4 groups (64 x 128 was the 2026-12-01 pick,
+        # when tiles could not span groups and 512 meant 128)
+        for bn, bk, nw, pps in ((64, 128, 4, 4), (64, 512, 4, 4), (64, 1024, 4, 4),
+                                (32, 512, 4, 4), (32, 1024, 4, 4), (128, 512, 8, 4),
+                                (128, 256, 4, 4), (64, 256, 4, 4), (64, 512, 4, 8),
+                                (64, 512, 8, 4), (256, 256, 8, 4))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
@@ -226,8 +229,9 @@ def phase_kernels(args) -> dict:
     tq.W4_CONFIG.update(tuned_w4)
     tuned_fp8 = sweep("fp8 gemv", tq.FP8_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
-        for bn, bk, nw, pps in ((64, 128, 4, 4), (32, 256, 4, 4), (128, 128, 8, 4),
-                                (64, 256, 4, 8), (32, 128, 2, 8))], fp8_fn, (1,))
+        for bn, bk, nw, pps in ((32, 256, 4, 4), (16, 512, 4, 4), (32, 512, 4, 4),
+                                (64, 512, 8, 4), (32, 1024, 8, 4), (16, 1024, 4, 4),
+                                (16, 256, 2, 8), (64, 256, 4, 4))], fp8_fn, (1,))
     tq.FP8_CONFIG.update(tuned_fp8)
     tuned_fp8.update(sweep("fp8 w8a16 gemm", tq.FP8_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw)
