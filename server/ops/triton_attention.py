@@ -32,7 +32,8 @@ DECODE_CONFIG = {
 }
 # 64 x 64 also in the engine: on the H200 128 x 64 tiles ran a lone 8,192-token chunk over
 # 16K of context 20% faster (3.3 vs 4.1 ms), L2 flushed or not, yet the 16K-document run
-# was no faster with them (222 vs 227 out tok/s; benchmarks/profile_serving.py, BENCHMARKS.md).
+# was no faster with them (222 vs 227 out tok/s; benchmarks/profile_serving.py, BENCHMARKS.md),
+# measured before the kernel read its int64 metadata as int32 (see `_prefill_kernel`).
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
@@ -305,15 +306,18 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
     # Sequence b owns tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1): enough
     # for its rows, and found without reading anything back on the host.
     bi = tl.arange(0, BLOCK_B)
-    cu_b = tl.load(cu_ptr + bi, mask=bi < num_seqs, other=2147483647)
+    # The step metadata arrives as int64 (the runner stages it so); positions fit in
+    # int32, and int64 index math held 254 of 255 registers on sm_90 (226 in int32; with
+    # 128-row tiles, 1 KB of spills against 360 B): read once, used in int32.
+    cu_b = tl.load(cu_ptr + bi, mask=bi < num_seqs, other=2147483647).to(tl.int32)
     first_tile = tl.where(bi < num_seqs, cu_b // BLOCK_M + bi, 2147483647)
     b = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
-    q_start = tl.load(cu_ptr + b)
-    q_end = tl.load(cu_ptr + b + 1)
+    q_start = tl.load(cu_ptr + b).to(tl.int32)
+    q_end = tl.load(cu_ptr + b + 1).to(tl.int32)
     tile = pid - (q_start // BLOCK_M + b)
     rows = q_start + tile * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < q_end
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + b).to(tl.int32)
     q_len = q_end - q_start
     q_pos = ctx - q_len + (rows - q_start)          # absolute position of each query
     d = tl.arange(0, BLOCK_D)

@@ -4,6 +4,7 @@ tests run the kernel bodies as Python and cannot see what Triton's compiler refu
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-triton = pytest.importorskip("triton")
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+# Located, not imported: Triton imported before a test module sets TRITON_INTERPRET=1
+# breaks the interpreter's calls from one jit function into another (a kernel's helpers)
+# for the rest of the process.
+_spec = importlib.util.find_spec("triton")
+if _spec is None or not _spec.origin:
+    pytest.skip("triton is not installed", allow_module_level=True)
+PTXAS = Path(_spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build ships no ptxas")
@@ -21,4 +27,4 @@ def test_kernels_compile_for_hopper() -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.count("ok ") == 11, proc.stdout
+    assert proc.stdout.count("ok ") == 12, proc.stdout
