@@ -39,13 +39,16 @@ def write_part(name: str, data: dict) -> None:
     (OUT / f"part_{name}.json").write_text(json.dumps(data, indent=1, default=str))
 
 
-def median_ms(fn, n: int = 50, warmup: int = 5) -> float:
+def median_ms(fn, n: int = 50, warmup: int = 5, before=None) -> float:
+    """Median GPU time of one call; `before` (untimed) runs ahead of each."""
     import torch
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(n):
+        if before is not None:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

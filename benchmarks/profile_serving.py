@@ -69,18 +69,9 @@ def flushed_ms(fn, n: int = 8) -> float:
     agreed, 128 x 64 tiles 20% ahead at long chunks; the engine's 16K-document run still
     was no faster with them, so a pick here is a candidate until longdoc_pick shows it.)"""
     import torch
+    from gpu_bench import median_ms
     buf = torch.empty(128 << 20, device="cuda", dtype=torch.float32)
-    fn()
-    times = []
-    for _ in range(n):
-        buf.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(fn, n=n, warmup=1, before=buf.zero_)
 
 
 def phase_attn() -> dict:
@@ -204,13 +195,18 @@ def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0) -> dict:
     return res
 
 
-def phase_waves() -> dict:
+def _engine(max_model_len: int, max_tokens: int):
+    """(engine, its load time, greedy ignore-EOS params with delta outputs)."""
     from pagefleet.server import LLM, SamplingParams
     t0 = time.time()
-    llm = LLM(str(BIG), max_model_len=8192, **FLAGS)
-    res: dict = {"load_s": time.time() - t0}
-    p = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True, output_kind="delta")
-    eng = llm.engine
+    llm = LLM(str(BIG), max_model_len=max_model_len, **FLAGS)
+    p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind="delta")
+    return llm.engine, time.time() - t0, p
+
+
+def phase_waves() -> dict:
+    eng, load_s, p = _engine(8192, 256)
+    res: dict = {"load_s": load_s}
     res["warm"] = _run_timed(eng, rand_prompts(1, 64, 512), p, "warm")
     res["wave"] = _run_timed(eng, rand_prompts(2, 64, 512), p, "wave")
     res["wave_profiled"] = _run_timed(eng, rand_prompts(3, 64, 512), p, "prof", profile_steps=5)
@@ -222,17 +218,13 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from pagefleet.server import LLM, SamplingParams
     from pagefleet.server.ops import triton_attention as ta
     if tiles == "pick" and (OUT / "attn_pick.json").exists():
         ta.PREFILL_CONFIG.update(json.loads((OUT / "attn_pick.json").read_text()))
     elif override:
         ta.PREFILL_CONFIG.update(override)
-    t0 = time.time()
-    llm = LLM(str(BIG), max_model_len=32768, **FLAGS)
-    res: dict = {"load_s": time.time() - t0}
-    p = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True, output_kind="delta")
-    eng = llm.engine
+    eng, load_s, p = _engine(32768, 128)
+    res: dict = {"load_s": load_s}
     res["warm"] = _run_timed(eng, rand_prompts(5, 2, 16000), p, "warm")
     res["run"] = _run_timed(eng, rand_prompts(6, 16, 16000), p, "docs")
     res["run"]["out_tok_s"] = 16 * 128 / res["run"]["wall_s"]

@@ -237,22 +237,16 @@ class EngineCore:
         if self.structured.waiting:
             self._admit_compiled(out)
         prev = self._inflight
-        if (prev is not None and self.hold_after_prompt_tokens is not None
-                and prev.prompt_tokens >= self.hold_after_prompt_tokens
-                and self.scheduler.room_for_arrivals()):
+        if self._hold_for_arrivals(prev):
             # Let the long step finish before scheduling the next: requests that arrive
             # meanwhile (the caller drains them between steps) join the step right after
             # it instead of waiting out a second one.
-            self._inflight = None
-            self._resolve(prev, out)
-            self.progressed = True
-            out.stats = self.stats()
-            out.timestamp = time.time()
-            return out
-        sched = self._schedule(out)
-        launched = self._launch(sched, out) if not sched.is_empty else None
+            launched = None
+        else:
+            sched = self._schedule(out)
+            launched = self._launch(sched, out) if not sched.is_empty else None
         self.progressed = launched is not None or prev is not None
-        prev, self._inflight = self._inflight, None
+        self._inflight = None
         if prev is not None:
             self._resolve(prev, out)
             if launched is not None:
@@ -267,6 +261,11 @@ class EngineCore:
         out.stats = self.stats()
         out.timestamp = time.time()
         return out
+
+    def _hold_for_arrivals(self, prev: _Launched | None) -> bool:
+        return (prev is not None and self.hold_after_prompt_tokens is not None
+                and prev.prompt_tokens >= self.hold_after_prompt_tokens
+                and self.scheduler.room_for_arrivals())
 
     def _admit_compiled(self, out: CoreOutputs) -> None:
         ready, failed = self.structured.take_ready()

@@ -266,7 +266,7 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr, vc_ptr
     else:
         page = tl.load(bt_row + tok // BS).to(tl.int64)
     off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
-    kv_mask = (tmask[:, None] if MASKED else tok[:, None] >= 0) & dmask[None, :]
+    kv_mask = tmask[:, None] & dmask[None, :] if MASKED else dmask[None, :]
     k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8:
         k = (k.to(tl.float32) * k_scale).to(q.dtype)
