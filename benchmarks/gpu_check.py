@@ -9,6 +9,10 @@ Phases (each in its own process, results in $OUT/check.json, a table printed las
            step (64 decodes + a 2,048-token prefill chunk), sampled vs greedy decode
            at B = 64, and offline 1,024 x 512/256 with the engine's defaults
   prefill  prefill-attention launch configs at 512 and 16K context
+  nosync   small model, every sampling feature at once (penalties, top-k/top-p, min-p's
+           sort path, seeds, min_tokens, logit_bias, logprobs, prompt logprobs) in
+           chunked mixed steps, under torch.cuda.set_sync_debug_mode("warn"): the Python
+           stack of every synchronizing call a step makes (the goal is none)
 
     bash benchmarks/run_gpu.sh ... is not needed: python3 benchmarks/gpu_check.py
 """
@@ -120,6 +124,60 @@ def phase_parity() -> dict:
                          others[:2] + [sp] + others[2:])[2].outputs[0].token_ids
     res["seeded_alone_equals_crowd"] = alone == crowd
     res["seeded_distinct"] = len(set(alone))
+    return res
+
+
+# -- nosync ---------------------------------------------------------------------------------
+
+def phase_nosync() -> dict:
+    """Steps must never wait for the device (module docstring of engine/runner.py): a
+    synchronizing call in `_launch` or `_sample` costs the whole async overlap."""
+    import traceback as tb
+    import warnings
+
+    import torch
+    from pagefleet.server import LLM, SamplingParams
+    build_small()
+    llm = LLM(str(SMALL), dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
+              max_num_seqs=8, max_num_batched_tokens=96)
+    prompts = rand_prompts(21, [5, 140, 33, 300, 9, 70, 18, 64], 32000)
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+                       max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.9, min_p=0.05, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, min_tokens=12, max_tokens=24),
+        SamplingParams(temperature=0.8, logit_bias={11: 5.0, 12: -100.0}, max_tokens=24,
+                       ignore_eos=True),
+        SamplingParams(temperature=0.8, logprobs=3, frequency_penalty=0.5,
+                       presence_penalty=0.2, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0, prompt_logprobs=2, max_tokens=24, ignore_eos=True),
+    ]
+    llm.generate(prompts, params)            # warm-up: buffers grown, kernels compiled
+    stacks: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message) and "set_sync_debug_mode" not in "".join(tb.format_stack(limit=4)):
+            key = "".join(tb.format_stack(limit=12)[:-1])
+            stacks[key] = stacks.get(key, 0) + 1
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            outs = llm.generate(rand_prompts(22, [5, 140, 33, 300, 9, 70, 18, 64], 32000),
+                                params)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    llm.engine.core.check_whole()
+    res = {"syncs": sum(stacks.values()), "distinct_stacks": len(stacks),
+           "stacks": [{"count": c, "stack": k[-3000:]} for k, c in
+                      sorted(stacks.items(), key=lambda kv: -kv[1])[:8]],
+           "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    log(f"nosync: {res['syncs']} synchronizing calls from {res['distinct_stacks']} places")
     return res
 
 
@@ -398,7 +456,8 @@ def phase_profile() -> dict:
 
 
 PHASES = {"parity": phase_parity, "server": phase_server, "steps": phase_steps,
-          "prefill": phase_prefill, "profile": phase_profile, "offline": phase_offline}
+          "prefill": phase_prefill, "profile": phase_profile, "offline": phase_offline,
+          "nosync": phase_nosync}
 
 
 def main() -> None:
@@ -413,7 +472,8 @@ def main() -> None:
         part(name, data)
         return
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(PHASES)
-    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120, "offline": 100}
+    limits = {"parity": 120, "server": 100, "steps": 300, "prefill": 80, "profile": 120, "offline": 100,
+              "nosync": 100}
     result = {}
     for name in names:
         t0 = time.time()

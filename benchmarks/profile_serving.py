@@ -13,6 +13,10 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
            64-user run's closed loop turns into: every request finishes in the same step
            and all come back together): per-step wall time and tokens, the engine's own
            time to first token, and the CUDA kernel table of the prefill steps
+  sampled  the same wave greedy and with Qwen2.5-Instruct's sampling (temperature 0.7,
+           top-p 0.8, top-k 20, repetition penalty 1.05): step times, TTFT, and kernel
+           tables of the sampled prefill steps and of 20 decode steps of each
+  host     cProfile of the host side of an 8,192-token prefill step and of a mixed step
   longdoc  16 documents of 16,000 tokens, 128 out, max-model-len 32,768 (the online
            long-document workload without HTTP): wall time, time to first token, the
            kernel table of the whole run (PROFILE_LONGDOC=0: not profiled);
@@ -91,7 +95,12 @@ def phase_attn() -> dict:
                 dict(block_m=128, block_n=128, num_warps=8, num_stages=2),
                 dict(block_m=64, block_n=64, num_warps=4, num_stages=3),
                 dict(block_m=128, block_n=32, num_warps=4, num_stages=2),
-                dict(block_m=64, block_n=32, num_warps=4, num_stages=3)]
+                dict(block_m=64, block_n=32, num_warps=4, num_stages=3),
+                dict(block_m=128, block_n=64, num_warps=4, num_stages=4),
+                dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
+                dict(block_m=128, block_n=32, num_warps=4, num_stages=4),
+                dict(block_m=64, block_n=128, num_warps=4, num_stages=3),
+                dict(block_m=128, block_n=128, num_warps=4, num_stages=2)]
     base = dict(ta.PREFILL_CONFIG)
     res = []
     for q_len, ctx_len, nseq in ((512, 512, 16), (8192, 8192, 1), (8192, 16384, 1),
@@ -149,9 +158,11 @@ def phase_attn() -> dict:
 
 # -- waves ------------------------------------------------------------------------------------
 
-def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0) -> dict:
+def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0,
+               profile_from: int = 0) -> dict:
     """Add every prompt at once, step to the end; per-step wall/tokens, TTFT per request.
-    The first `profile_steps` steps run under the CUDA profiler (kernels only)."""
+    Steps `profile_from` to `profile_from + profile_steps` run under the CUDA profiler
+    (kernels only)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     t0 = time.perf_counter()
@@ -160,12 +171,12 @@ def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0) -> dict:
     first: dict[str, float] = {}
     steps = []
     prof = None
-    if profile_steps:
-        prof = profile(activities=[ProfilerActivity.CUDA])
-        prof.__enter__()
     n = 0
     core = eng.core
     while eng.has_unfinished_requests():
+        if profile_steps and n == profile_from:
+            prof = profile(activities=[ProfilerActivity.CUDA])
+            prof.__enter__()
         ts = time.perf_counter()
         computed = core.prompt_tokens_computed
         outs = eng.step()
@@ -177,7 +188,7 @@ def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0) -> dict:
         for o in outs:
             if o.request_id not in first and o.outputs and o.outputs[0].token_ids:
                 first[o.request_id] = te - t0
-        if prof is not None and n == profile_steps:
+        if prof is not None and n == profile_from + profile_steps:
             torch.cuda.synchronize()
             prof.__exit__(None, None, None)
             table = kernel_table(prof)
@@ -195,11 +206,11 @@ def _run_timed(eng, prompts, params, tag: str, profile_steps: int = 0) -> dict:
     return res
 
 
-def _engine(max_model_len: int, max_tokens: int):
+def _engine(max_model_len: int, max_tokens: int, **extra):
     """(engine, its load time, greedy ignore-EOS params with delta outputs)."""
     from pagefleet.server import LLM, SamplingParams
     t0 = time.time()
-    llm = LLM(str(BIG), max_model_len=max_model_len, **FLAGS)
+    llm = LLM(str(BIG), max_model_len=max_model_len, **{**FLAGS, **extra})
     p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind="delta")
     return llm.engine, time.time() - t0, p
 
@@ -211,6 +222,95 @@ def phase_waves() -> dict:
     res["wave"] = _run_timed(eng, rand_prompts(2, 64, 512), p, "wave")
     res["wave_profiled"] = _run_timed(eng, rand_prompts(3, 64, 512), p, "prof", profile_steps=5)
     log(f"waves: {json.dumps({k: v for k, v in res['wave'].items() if k != 'first_steps'})}")
+    return res
+
+
+def phase_sampled() -> dict:
+    """The 64-user wave with Qwen2.5-Instruct's sampling against the same wave greedy:
+    per-step times, and kernel tables of its prefill steps and of 20 decode steps."""
+    from pagefleet.server import SamplingParams
+    eng, load_s, greedy = _engine(8192, 256)
+    sampled = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+                             max_tokens=256, ignore_eos=True, output_kind="delta")
+    res: dict = {"load_s": load_s}
+    res["warm"] = _run_timed(eng, rand_prompts(11, 64, 512), sampled, "warm")
+    res["greedy"] = _run_timed(eng, rand_prompts(12, 64, 512), greedy, "greedy")
+    res["sampled"] = _run_timed(eng, rand_prompts(13, 64, 512), sampled, "sampled")
+    res["sampled_prefill_prof"] = _run_timed(eng, rand_prompts(14, 64, 512), sampled, "sp",
+                                             profile_steps=5)
+    res["sampled_decode_prof"] = _run_timed(eng, rand_prompts(15, 64, 512), sampled, "sd",
+                                            profile_steps=20, profile_from=40)
+    res["greedy_decode_prof"] = _run_timed(eng, rand_prompts(16, 64, 512), greedy, "gd",
+                                           profile_steps=20, profile_from=40)
+    for k in ("greedy", "sampled"):
+        log(f"sampled phase, {k}: " + json.dumps({x: v for x, v in res[k].items()
+                                                  if x != "first_steps"}))
+    return res
+
+
+def phase_host(eager_modules: bool = False, **engine_kw) -> dict:
+    """Where a long step's host time goes (it is not overlapped when the core holds for
+    arrivals): cProfile of the step that launches an 8,192-token prefill (the wave's
+    first, nothing to wait for) and of three mixed steps (64 decodes + 16, 12, then 16
+    new 512-token prompts; each one's time includes waiting for the decode step before
+    it). `eager_modules`: CUDA_MODULE_LOADING=EAGER (every kernel loaded at start), to
+    tell a first-launch module load, which may synchronize the context, from the rest."""
+    if eager_modules:
+        os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+    import cProfile
+    import io
+    import pstats
+    eng, load_s, p = _engine(8192, 256, **engine_kw)
+    _run_timed(eng, rand_prompts(31, 64, 512), p, "warm")
+    res: dict = {"load_s": load_s, "engine": engine_kw, "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING")}
+
+    def prof_step(label: str) -> None:
+        if os.environ.get("PROFILE_HOST_IDLE") == "1":   # the GPU idle when the step starts
+            import torch
+            torch.cuda.synchronize()
+        if os.environ.get("PROFILE_HOST_TORCH") == "1":   # CUDA runtime calls, by self time
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+                eng.step()
+            wall = 1e3 * (time.perf_counter() - t0)
+            torch.cuda.synchronize()
+            table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                            max_name_column_width=70)
+            res[label] = {"wall_ms": wall, "torch_table": table}
+            log(f"host {label}: {wall:.1f} ms\n{table}")
+            return
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.enable()
+        eng.step()
+        pr.disable()
+        wall = 1e3 * (time.perf_counter() - t0)
+        buf = io.StringIO()
+        st = pstats.Stats(pr, stream=buf)
+        st.sort_stats("tottime").print_stats(12)
+        st.sort_stats("cumulative").print_stats(25)
+        res[label] = {"wall_ms": wall, "stats": buf.getvalue()[-9000:]}
+        log(f"host {label}: {wall:.1f} ms")
+
+    for i, pr_ in enumerate(rand_prompts(32, 64, 512)):
+        eng.add_request(f"h-{i}", pr_, p)
+    prof_step("prefill_first_step")
+    n = 0
+    joins = {30: (16, "mixed_16"), 40: (12, "mixed_12"), 50: (16, "mixed_16_again"),
+             60: (5, "mixed_5")}
+    while eng.has_unfinished_requests():
+        ts = time.perf_counter()
+        eng.step()
+        n += 1
+        if n in (29, 39, 49, 59):
+            res[f"decode_step_{n}_ms"] = 1e3 * (time.perf_counter() - ts)
+        if n in joins:
+            k, label = joins[n]
+            for i, pr_ in enumerate(rand_prompts(33 + n, k, 512)):
+                eng.add_request(f"m{n}-{i}", pr_, p)
+            prof_step(label)
     return res
 
 
@@ -240,7 +340,10 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None) -> dict:
     return res
 
 
-PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "longdoc": (phase_longdoc, 150),
+PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (phase_sampled, 200),
+          "host": (phase_host, 150), "host_eager": (lambda: phase_host(True), 200),
+          "host_no_graphs": (lambda: phase_host(enforce_eager=True), 200),
+          "host_sync": (lambda: phase_host(async_scheduling=False), 200), "longdoc": (phase_longdoc, 150),
           "longdoc_pick": (lambda: phase_longdoc("pick"), 150),
           "longdoc_64x32": (lambda: phase_longdoc("64x32", dict(block_m=64, block_n=32,
                                                                 num_warps=4, num_stages=3)), 150)}

@@ -42,6 +42,10 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | No
 # ingress's upstream keep-alive, AWS ALB), so the proxy, not the server, ends an idle
 # connection; uvicorn's own 5 s default races every pooled proxy connection.
 KEEP_ALIVE_TIMEOUT_S = 75.0
+# How much earlier a long prompt may have been queued and still let a short one go first
+# (engine/request_queue.py): a few long-prefill steps, and the bound on a long prompt's
+# extra wait under a steady stream of short ones.
+SHORT_PROMPT_OVERTAKE_S = 2.0
 
 
 class ConfigError(ValueError):
@@ -78,6 +82,11 @@ class EngineConfig:
     long_prefill_token_threshold: int = opt(0, "Most prompt tokens one request may prefill "
                                             "in a step (0: up to the token budget). Smaller "
                                             "chunks let short requests in sooner.")
+    short_prompt_tokens: int = opt(
+        1024, "Prompts with at most this many tokens to compute go ahead of longer ones "
+        f"that were queued less than {SHORT_PROMPT_OVERTAKE_S:g} s before them, so a short "
+        "question does not wait out a long document's prefill; a long prompt is never "
+        f"passed over for longer than that (0: strict policy order).")
     block_size: int = opt(16, "Tokens per KV cache block.", choices=(8, 16, 32, 64, 128))
     enable_prefix_caching: bool = opt(True, "Reuse KV cache blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = opt(True, "Split long prompts into chunks that fit the "
@@ -125,6 +134,7 @@ class EngineConfig:
              "max-num-batched-tokens", "must be >= 1")
         need(self.long_prefill_token_threshold >= 0, "long-prefill-token-threshold",
              "must be >= 0")
+        need(self.short_prompt_tokens >= 0, "short-prompt-tokens", "must be >= 0")
         need(self.block_size in (8, 16, 32, 64, 128), "block-size", "must be one of 8,16,32,64,128")
         need(0 < self.gpu_memory_utilization <= 1, "gpu-memory-utilization", "must be in (0, 1]")
         need(self.max_model_len is None or self.max_model_len >= 1, "max-model-len", "must be >= 1")

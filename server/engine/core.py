@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pagefleet.server.config import ConfigError, EngineConfig, resolve_limits
+from pagefleet.server.config import SHORT_PROMPT_OVERTAKE_S, ConfigError, EngineConfig, resolve_limits
 from pagefleet.server.engine import faults, warmup
 from pagefleet.server.engine.kv_cache import CacheStats, KVCacheManager
 from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
@@ -123,7 +123,9 @@ class EngineCore:
                                    enable_chunked_prefill=config.enable_chunked_prefill,
                                    policy=config.scheduling_policy,
                                    max_model_len=self.max_model_len,
-                                   long_prefill_token_threshold=config.long_prefill_token_threshold)
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                   short_prompt_tokens=config.short_prompt_tokens,
+                                   short_overtake_s=SHORT_PROMPT_OVERTAKE_S)
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self.structured = StructuredRequests(config.tokenizer or self.model_dir,
                                              self.model_cfg.vocab_size, self.eos_token_ids,

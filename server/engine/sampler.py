@@ -175,6 +175,11 @@ class Sampler:
         self.prompt_mask = torch.zeros(max_rows, vocab_size, dtype=torch.bool, device=device)
         self.out_counts = torch.zeros(max_rows, vocab_size, dtype=torch.int32, device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        # Device scalars for the indexed writes: `t[rows, cols] = True` with a Python
+        # value makes a CPU tensor that index_put_ copies to the device from pageable
+        # memory, which waits for the stream (one whole step, measured on the H200).
+        self._true = torch.ones((), dtype=torch.bool, device=device)
+        self._neg_inf = torch.full((), float("-inf"), device=device)
         pin = device.type == "cuda"
         self._tokens_host = [torch.zeros(max_rows, dtype=torch.long, pin_memory=pin)
                              for _ in range(2)]
@@ -289,7 +294,7 @@ class Sampler:
             self.prompt_mask.index_fill_(0, slots, False)
             self.out_counts.index_fill_(0, slots, 0)
             upd = staging.get(st.mask_updates)
-            self.prompt_mask[upd[0], upd[1]] = True
+            self.prompt_mask.index_put_((upd[0], upd[1]), self._true)
             if st.count_updates is not None:
                 upd = staging.get(st.count_updates)
                 self.out_counts.index_put_((upd[0], upd[1]),
@@ -332,7 +337,7 @@ class Sampler:
                 if work is logits and dev.type != "cuda":
                     work = logits.clone()
                 bans = staging.get(st.bans)
-                work[bans[0], bans[1]] = float("-inf")
+                work.index_put_((bans[0], bans[1]), self._neg_inf)
             if st.any_random:
                 tokens = self._random(work, p, st)
                 if st.any_greedy:

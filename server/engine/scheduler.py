@@ -1,7 +1,8 @@
 """Continuous batching under a token budget and a sequence budget.
 
 Each step: running requests first (decodes, then continuing prefill chunks), then
-waiting requests in policy order while both budgets and the KV pool allow. A prompt
+waiting requests in policy order (short prompts may go ahead of long ones queued just
+before them, see request_queue.py) while both budgets and the KV pool allow. A prompt
 longer than the remaining token budget is chunked when chunked prefill is on. When a
 running request needs a block and none is free, the request the policy ranks last is
 preempted: its blocks are freed and it goes back to the waiting queue to be
@@ -55,7 +56,8 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, policy: str = "fcfs",
-                 max_model_len: int = 1 << 62, long_prefill_token_threshold: int = 0) -> None:
+                 max_model_len: int = 1 << 62, long_prefill_token_threshold: int = 0,
+                 short_prompt_tokens: int = 0, short_overtake_s: float = 0.0) -> None:
         self.kv = kv
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -63,7 +65,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.policy = policy
-        self.waiting = WaitQueue(policy)
+        self.waiting = WaitQueue(policy, short_prompt_tokens, short_overtake_s)
         self.running: dict[str, Request] = {}     # in admission order
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0

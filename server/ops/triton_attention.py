@@ -30,11 +30,12 @@ DECODE_CONFIG = {
     "min_partition": 128,   # fewest; small batches use short splits (more programs)
     "target_programs": None,  # None: 2 x multiprocessor count
 }
-# 64 x 64 also in the engine: on the H200 128 x 64 tiles ran a lone 8,192-token chunk over
-# 16K of context 20% faster (3.3 vs 4.1 ms), L2 flushed or not, yet the 16K-document run
-# was no faster with them (222 vs 227 out tok/s; benchmarks/profile_serving.py, BENCHMARKS.md),
-# measured before the kernel read its int64 metadata as int32 (see `_prefill_kernel`).
-PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+# H200, 2026-12-02 (BENCHMARKS.md): 128 x 64 tiles, 4 warps, 3 stages run a lone 8,192-token
+# chunk over 16K of context in 3.4 ms against 4.0 for 64 x 64, and the 16K-document engine
+# run at 236 against 224 out tok/s. Before the kernel read its int64 step metadata as int32
+# (see `_prefill_kernel`) the larger tile spilled 1,092 B and lost in the engine. Short
+# chunks (16 x 512 tokens) are 15% slower with it: 0.02 ms a layer, noise in such a step.
+PREFILL_CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table

@@ -12,10 +12,11 @@ from pagefleet.server.engine.scheduler import Scheduler
 
 
 def make(num_blocks=64, block_size=4, seqs=4, tokens=16, chunked=True, policy="fcfs",
-         caching=False) -> Scheduler:
+         caching=False, short=0, overtake_s=0.0) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, caching)
     return Scheduler(kv, max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                     enable_chunked_prefill=chunked, policy=policy)
+                     enable_chunked_prefill=chunked, policy=policy,
+                     short_prompt_tokens=short, short_overtake_s=overtake_s)
 
 
 def req(rid: str, n: int, priority: int = 0, t: float = 0.0, max_tokens: int = 8) -> Request:
@@ -187,3 +188,46 @@ def test_wait_queue_orders_and_lazy_removal():
         p.add(r)
     p.remove(b)
     assert [p.pop().request_id for _ in range(len(p))] == ["c", "a"]
+
+
+def _first_step(s: Scheduler) -> list[tuple[str, int]]:
+    return [(x.request.request_id, x.num_new_tokens) for x in s.schedule().scheduled]
+
+
+def test_short_prompt_goes_ahead_of_a_long_one_queued_just_before_it():
+    """The mixed workload's pit: a question queued behind a document waits out the
+    document's prefill. With the short lane it takes its tokens from the step first and
+    the document is chunked with the rest; in strict order it waits a step."""
+    strict = make(num_blocks=128, tokens=64, short=0)
+    lanes = make(num_blocks=128, tokens=64, short=16, overtake_s=2.0)
+    for s in (strict, lanes):
+        s.add(req("doc", 200, t=0.0))
+        s.add(req("question", 10, t=0.5))
+    assert _first_step(strict) == [("doc", 64)]
+    assert _first_step(lanes) == [("question", 10), ("doc", 54)]
+
+
+def test_a_long_prompt_is_not_passed_over_for_longer_than_the_window():
+    s = make(num_blocks=128, tokens=64, short=16, overtake_s=2.0)
+    s.add(req("doc", 200, t=0.0))
+    s.add(req("late-question", 10, t=2.5))    # the document has waited 2.5 s longer
+    assert _first_step(s) == [("doc", 64)]
+    q = WaitQueue("fcfs", short_tokens=16, overtake_s=2.0)
+    doc, a, b = req("doc", 200, t=0.0), req("a", 10, t=1.0), req("b", 10, t=3.0)
+    for r in (b, doc, a):
+        q.add(r)
+    assert [q.pop().request_id for _ in range(3)] == ["a", "doc", "b"]
+
+
+def test_short_lane_keeps_priorities_and_lazy_removal():
+    q = WaitQueue("priority", short_tokens=16, overtake_s=2.0)
+    urgent_doc, question = req("urgent-doc", 200, priority=0, t=0.0), req("q", 10, priority=5, t=0.1)
+    q.add(question)
+    q.add(urgent_doc)
+    assert q.peek() is urgent_doc            # a worse priority never overtakes
+    q.remove(urgent_doc)
+    assert len(q) == 1 and q.pop() is question and not q
+    q.add(urgent_doc)
+    short_urgent = req("short-urgent", 4, priority=0, t=1.0)
+    q.add(short_urgent)
+    assert q.pop() is short_urgent and q.pop() is urgent_doc
