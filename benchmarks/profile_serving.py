@@ -16,7 +16,11 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
   sampled  the same wave greedy and with Qwen2.5-Instruct's sampling (temperature 0.7,
            top-p 0.8, top-k 20, repetition penalty 1.05): step times, TTFT, and kernel
            tables of the sampled prefill steps and of 20 decode steps of each
-  host     cProfile of the host side of an 8,192-token prefill step and of a mixed step
+  host     cProfile of the host side of an 8,192-token prefill step and of mixed steps
+           (PROFILE_HOST_TORCH=1: the torch profiler's CPU table instead; PROFILE_HOST_IDLE=1:
+           the GPU drained before each profiled step); host_eager with
+           CUDA_MODULE_LOADING=EAGER, host_no_graphs with --enforce-eager, host_sync
+           without async scheduling
   longdoc  16 documents of 16,000 tokens, 128 out, max-model-len 32,768 (the online
            long-document workload without HTTP): wall time, time to first token, the
            kernel table of the whole run (PROFILE_LONGDOC=0: not profiled);

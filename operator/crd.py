@@ -46,6 +46,7 @@ ENGINE_FIELDS: dict[str, str] = {
     "dtype": "dtype",
     "quantization": "quantization",
     "schedulingPolicy": "scheduling_policy",
+    "shortPromptTokens": "short_prompt_tokens",
     "shutdownTimeout": "shutdown_timeout",
 }
 
@@ -154,6 +155,7 @@ def engine_schema() -> dict[str, Any]:
         "dtype": _str(_flag_doc("dtype"), enum=_engine_choices("dtype")),
         "quantization": _str(_flag_doc("quantization"), enum=_engine_choices("quantization")),
         "schedulingPolicy": _str(_flag_doc("scheduling_policy"), enum=_engine_choices("scheduling_policy")),
+        "shortPromptTokens": _int(0, description=_flag_doc("short_prompt_tokens")),
         "shutdownTimeout": {"type": "number", "minimum": 0,
                             "description": _flag_doc("shutdown_timeout") + " The pod's "
                             "terminationGracePeriodSeconds is sized from it."},

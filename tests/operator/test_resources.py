@@ -40,7 +40,7 @@ def env_of(dep: dict[str, Any]) -> dict[str, Any]:
 FULL_ENGINE = {"maxModelLen": 32768, "gpuMemoryUtilization": 0.85, "maxNumSeqs": 16,
                "maxNumBatchedTokens": 8192, "blockSize": 32, "enablePrefixCaching": False,
                "enableChunkedPrefill": True, "kvCacheDtype": "fp8", "dtype": "bfloat16",
-               "schedulingPolicy": "priority"}
+               "schedulingPolicy": "priority", "shortPromptTokens": 512}
 
 
 def test_args_start_with_model_and_listener() -> None:
@@ -60,7 +60,7 @@ def test_every_engine_field_is_rendered_with_the_server_flag() -> None:
                         "--max-num-seqs", "16", "--max-num-batched-tokens", "8192", "--block-size", "32",
                         "--no-enable-prefix-caching", "--enable-chunked-prefill", "--kv-cache-dtype", "fp8",
                         "--dtype", "bfloat16", "--scheduling-policy", "priority",
-                        "--enforce-eager", "--seed", "7"]
+                        "--short-prompt-tokens", "512", "--enforce-eager", "--seed", "7"]
 
 
 def test_rendered_args_parse_back_into_the_same_server_config() -> None:
@@ -72,8 +72,8 @@ def test_rendered_args_parse_back_into_the_same_server_config() -> None:
     assert (engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
             engine.max_num_batched_tokens, engine.block_size, engine.enable_prefix_caching,
             engine.enable_chunked_prefill, engine.kv_cache_dtype, engine.dtype,
-            engine.scheduling_policy, engine.enforce_eager) == (
-        32768, 0.85, 16, 8192, 32, False, True, "fp8", "bfloat16", "priority", True)
+            engine.scheduling_policy, engine.short_prompt_tokens, engine.enforce_eager) == (
+        32768, 0.85, 16, 8192, 32, False, True, "fp8", "bfloat16", "priority", 512, True)
 
 
 def test_unset_engine_fields_keep_server_defaults() -> None:
