@@ -20,7 +20,8 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
            (PROFILE_HOST_TORCH=1: the torch profiler's CPU table instead; PROFILE_HOST_IDLE=1:
            the GPU drained before each profiled step); host_eager with
            CUDA_MODULE_LOADING=EAGER, host_no_graphs with --enforce-eager, host_sync
-           without async scheduling
+           without async scheduling, host_lt with every GEMM through cuBLASLt (on
+           2026-12-02 the host blocked in aten::mm, classic cuBLAS, not in addmm, cuBLASLt)
   longdoc  16 documents of 16,000 tokens, 128 out, max-model-len 32,768 (the online
            long-document workload without HTTP): wall time, time to first token, the
            kernel table of the whole run (PROFILE_LONGDOC=0: not profiled);
@@ -252,7 +253,7 @@ def phase_sampled() -> dict:
     return res
 
 
-def phase_host(eager_modules: bool = False, **engine_kw) -> dict:
+def phase_host(eager_modules: bool = False, blas_lt: bool = False, **engine_kw) -> dict:
     """Where a long step's host time goes (it is not overlapped when the core holds for
     arrivals): cProfile of the step that launches an 8,192-token prefill (the wave's
     first, nothing to wait for) and of three mixed steps (64 decodes + 16, 12, then 16
@@ -261,6 +262,9 @@ def phase_host(eager_modules: bool = False, **engine_kw) -> dict:
     tell a first-launch module load, which may synchronize the context, from the rest."""
     if eager_modules:
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+    if blas_lt:   # no-bias GEMMs (aten::mm, the blocked calls) through cuBLASLt, as addmm's are
+        import torch
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     import cProfile
     import io
     import pstats
@@ -347,7 +351,8 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None) -> dict:
 PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (phase_sampled, 200),
           "host": (phase_host, 150), "host_eager": (lambda: phase_host(True), 200),
           "host_no_graphs": (lambda: phase_host(enforce_eager=True), 200),
-          "host_sync": (lambda: phase_host(async_scheduling=False), 200), "longdoc": (phase_longdoc, 150),
+          "host_sync": (lambda: phase_host(async_scheduling=False), 200),
+          "host_lt": (lambda: phase_host(blas_lt=True), 200), "longdoc": (phase_longdoc, 150),
           "longdoc_pick": (lambda: phase_longdoc("pick"), 150),
           "longdoc_64x32": (lambda: phase_longdoc("64x32", dict(block_m=64, block_n=32,
                                                                 num_warps=4, num_stages=3)), 150)}
