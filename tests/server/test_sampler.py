@@ -232,3 +232,33 @@ def test_top_k_path_keeps_the_same_tokens_as_the_sort_path(k, p, min_p):
     for b in range(4):
         kept = {int(t) for t, v in zip(idx[b], cand[b]) if v != float("-inf")}
         assert kept == {i for i in range(40) if full[b, i] != float("-inf")}
+
+
+def test_step_path_writes_no_python_scalar_through_an_index_tensor(monkeypatch):
+    """`t[index_tensors] = python_value` on a CUDA tensor copies a CPU value tensor from
+    pageable memory: a stream sync in the step (it made every step that admitted a
+    penalised request synchronous on the H200, BENCHMARKS.md 2026-12-02). The CPU cannot
+    see a sync, so this checks the pattern itself over a step that uses penalties,
+    min_tokens bans, logit_bias, top-k/top-p and the sort path."""
+    seen: list[str] = []
+    real = torch.Tensor.__setitem__
+
+    def setitem(self, index, value):
+        parts = index if isinstance(index, tuple) else (index,)
+        if isinstance(value, (bool, int, float)) and any(isinstance(p, torch.Tensor) for p in parts):
+            seen.append(f"{tuple(self.shape)}[...] = {value!r}")
+        return real(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+    h = Harness(40)
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(5))
+    reqs = [h.req("pen", P(temperature=0.7, top_k=5, top_p=0.8, repetition_penalty=1.1),
+                  prompt=(1, 2, 3)),
+            h.req("ban", P(temperature=0.8, min_tokens=3, stop_token_ids=(4,)), eos=(2,)),
+            h.req("bias", P(temperature=0, logit_bias_ids=(7,), logit_bias_values=(5.0,))),
+            h.req("sort", P(temperature=0.9, min_p=0.1, frequency_penalty=0.5), seed=1)]
+    for _ in range(3):
+        h(logits, reqs)
+        for r in reqs:
+            r.all_token_ids.append(9)
+    assert seen == []
