@@ -48,3 +48,22 @@ def assert_diverse(ref: list[list[int]]) -> None:
     distinct = {tuple(s[:8]) for s in ref}
     assert len(distinct) >= len(ref) - 1, "reference outputs do not depend on the prompt"
     assert sum(len(set(s)) for s in ref) >= 3 * len(ref)
+
+
+def watch_scalar_index_writes(monkeypatch) -> list[str]:
+    """Record every `t[index_tensors] = python_value` from now on (the list fills in).
+
+    On a CUDA tensor that write builds a CPU value tensor that index_put_ copies from
+    pageable memory: a stream sync inside the step (BENCHMARKS.md, 2026-12-02). A CPU run
+    cannot see the sync, so step-path tests check for the pattern itself."""
+    seen: list[str] = []
+    real = torch.Tensor.__setitem__
+
+    def setitem(self, index, value):
+        parts = index if isinstance(index, tuple) else (index,)
+        if isinstance(value, (bool, int, float)) and any(isinstance(p, torch.Tensor) for p in parts):
+            seen.append(f"{tuple(self.shape)}[...] = {value!r}")
+        return real(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+    return seen

@@ -8,7 +8,7 @@ from pagefleet.server import LLM, SamplingParams
 from pagefleet.server.config import ConfigError
 from pagefleet.server.engine.engine import PromptTooLongError, RequestRejected
 from pagefleet.server.engine.sampling_params import SamplingParamsError
-from tests.server.helpers import random_prompts
+from tests.server.helpers import random_prompts, watch_scalar_index_writes
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +237,21 @@ def test_a_triton_compile_after_ready_is_logged_and_counted(caplog, monkeypatch)
         compile_once()
     assert compile_watch.compiles_while_serving()[0] == 1 and not caplog.records
     assert calls == ["before", "after"] * 3
+
+
+def test_steps_write_no_python_scalar_through_an_index_tensor(llm, monkeypatch):
+    """The whole step path (scheduler, runner staging, sampler, structured outputs off):
+    no write that would synchronize on a GPU (see `watch_scalar_index_writes`), over
+    chunked prefills, mixed steps, prefix hits and penalised, banned and biased rows."""
+    seen = watch_scalar_index_writes(monkeypatch)
+    shared = random_prompts(7, [40], 512)[0]
+    prompts = [shared + p for p in random_prompts(8, [5, 30, 70, 12], 512)]
+    params = [SamplingParams(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05,
+                             max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0.8, min_tokens=4, max_tokens=6),
+              SamplingParams(temperature=0, logit_bias={5: 3.0}, max_tokens=6, ignore_eos=True,
+                             logprobs=2),
+              SamplingParams(temperature=0.9, min_p=0.05, seed=3, max_tokens=6, ignore_eos=True)]
+    llm.generate(prompts, params)
+    assert seen == []
+    llm.engine.kv.check_whole()

@@ -13,6 +13,7 @@ from pagefleet.server.engine.sampler import (Sampler, apply_penalties, apply_top
                                              top_k_candidates)
 from pagefleet.server.engine.sampling_params import SamplingParams, SamplingParamsError
 from pagefleet.server.engine.staging import Staging
+from tests.server.helpers import watch_scalar_index_writes
 
 
 def direct_filter(row: list[float], k: int, p: float, min_p: float) -> set[int]:
@@ -240,16 +241,7 @@ def test_step_path_writes_no_python_scalar_through_an_index_tensor(monkeypatch):
     penalised request synchronous on the H200, BENCHMARKS.md 2026-12-02). The CPU cannot
     see a sync, so this checks the pattern itself over a step that uses penalties,
     min_tokens bans, logit_bias, top-k/top-p and the sort path."""
-    seen: list[str] = []
-    real = torch.Tensor.__setitem__
-
-    def setitem(self, index, value):
-        parts = index if isinstance(index, tuple) else (index,)
-        if isinstance(value, (bool, int, float)) and any(isinstance(p, torch.Tensor) for p in parts):
-            seen.append(f"{tuple(self.shape)}[...] = {value!r}")
-        return real(self, index, value)
-
-    monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+    seen = watch_scalar_index_writes(monkeypatch)
     h = Harness(40)
     logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(5))
     reqs = [h.req("pen", P(temperature=0.7, top_k=5, top_p=0.8, repetition_penalty=1.1),
