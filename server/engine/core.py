@@ -66,8 +66,9 @@ def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
     return want
 
 
-# A step computing this many prompt tokens runs long (~25 ms on an H200 for a 7B model),
-# against ~1 ms of host work that scheduling its successor ahead of time would hide. But a
+# A step computing this many prompt tokens runs long (~25 ms on an H200 for a 7B model,
+# ~175 ms at 8,192 tokens), several times the host work (~20 ms to launch a prefill step,
+# BENCHMARKS.md 2026-12-02) that scheduling its successor ahead of time would hide. But a
 # successor scheduled before it ends is closed to every request that arrives meanwhile:
 # those waited out both steps (a whole 8,192-token prefill step, ~175 ms, of time to first
 # token in the 64-user run). So the server resolves such a step before scheduling again

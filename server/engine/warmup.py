@@ -62,21 +62,18 @@ def warm_up(core: "EngineCore") -> float:
     core.add_request(CoreRequest(ID_PREFIX + "1", _prompt(n + 5, 2, vocab), penalized))
     ext = first[: (n // bs) * bs] + _prompt(max(1, n // 2), 3, vocab)
     core.add_request(CoreRequest(ID_PREFIX + "2", ext, plain))
-    _run_out(core)
+    for _ in range(MAX_STEPS):
+        if not core.has_unfinished_requests():
+            break
+        _step(core)
+    else:
+        raise RuntimeError(f"warm-up did not finish in {MAX_STEPS} steps")
     steps = core.num_steps   # launched, before reset_after_warm_up zeroes it
     core.kv.check_whole()
     core.reset_after_warm_up()
     took = time.perf_counter() - t0
     log.info("warm-up: %d steps (prefill, mixed, prefix hit, sampled) in %.2f s", steps, took)
     return took
-
-
-def _run_out(core: "EngineCore") -> None:
-    for _ in range(MAX_STEPS):
-        if not core.has_unfinished_requests():
-            return
-        _step(core)
-    raise RuntimeError(f"warm-up did not finish in {MAX_STEPS} steps")
 
 
 def _step(core: "EngineCore") -> None:

@@ -12,8 +12,8 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   columns and one K split of one row; it reads `[BLOCK_K / 8, BLOCK_N]` int32 words
   (contiguous along N; a tile spans several quantization groups, one scale row each),
   takes their 8 nibbles as above and multiplies them by the matching 8 activations,
-  accumulating float32 partial sums; the zero point comes out of the loop (`sum x (q - z) = sum x q - z sum x`) and the
-  group scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
+  accumulating float32 partial sums; the zero point comes out of the loop
+  (`sum x (q - z) = sum x q - z sum x`) and each group's scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
   1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer summed after.
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
   dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
