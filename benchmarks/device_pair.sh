@@ -7,7 +7,8 @@
 # PAIR_TIMEOUTS="vllm pagefleet" bounds each server's run (s); results land as they come.
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-read -r T_VLLM T_PF <<< "${PAIR_TIMEOUTS:-275 205}"
+# vLLM took 131-142 s to start on these machines (2026-12-02); 275 s cut its 256-user phase once.
+read -r T_VLLM T_PF <<< "${PAIR_TIMEOUTS:-340 205}"
 M=/dev/shm/qwen2.5-7b-random
 ONLINE_TIMEOUT=$T_VLLM VLLM_PHASES=online bash benchmarks/device_vllm.sh > "$OUT/vllm.log" 2>&1
 # pagefleet's imports from vLLM's wheel folder (same versions as the Dockerfile's where

@@ -279,15 +279,29 @@ def phase_host(eager_modules: bool = False, blas_lt: bool = False, **engine_kw) 
         if os.environ.get("PROFILE_HOST_TORCH") == "1":   # CUDA runtime calls, by self time
             import torch
             from torch.profiler import ProfilerActivity, profile
+            stats0 = torch.cuda.memory_stats()
             t0 = time.perf_counter()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                         record_shapes=True) as tp:
                 eng.step()
             wall = 1e3 * (time.perf_counter() - t0)
             torch.cuda.synchronize()
+            stats1 = torch.cuda.memory_stats()
             table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
                                             max_name_column_width=70)
-            res[label] = {"wall_ms": wall, "torch_table": table}
-            log(f"host {label}: {wall:.1f} ms\n{table}")
+            # The single slowest CPU ops (one blocked call, or each call a little?), in
+            # launch order among the step's aten::mm/addmm calls, with their shapes.
+            gemms = [e for e in tp.events() if e.name in ("aten::mm", "aten::addmm")]
+            slow = sorted(range(len(gemms)), key=lambda i: -gemms[i].cpu_time_total)[:10]
+            slowest = [(i, gemms[i].name, str(gemms[i].input_shapes)[:90],
+                        round(gemms[i].cpu_time_total / 1e3, 2)) for i in slow]
+            allocs = {k: stats1[k] - stats0[k] for k in ("num_device_alloc", "num_device_free",
+                                                         "num_alloc_retries", "num_sync_all_streams")
+                      if k in stats1}
+            res[label] = {"wall_ms": wall, "torch_table": table, "slowest_gemms": slowest,
+                          "allocator": allocs, "gemm_calls": len(gemms)}
+            log(f"host {label}: {wall:.1f} ms; allocator {allocs}; slowest GEMM calls "
+                f"{slowest[:5]}\n{table}")
             return
         pr = cProfile.Profile()
         t0 = time.perf_counter()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig
+from pagefleet.server.engine.gemm_warmup import warm_gemm_kernels
 from pagefleet.server.engine.scheduler import SchedulerOutput
 from pagefleet.server.engine.staging import Staging
 from pagefleet.server.models.config import ModelConfig
@@ -149,6 +150,9 @@ class ModelRunner:
         self.layout = self._size_kv_cache()
         self._allocate_kv_cache()
         if self.device.type == "cuda":
+            # Before serving: cuBLAS's first launch of each kernel waits for the device.
+            warm_gemm_kernels(self.model, self.config.max_num_batched_tokens,
+                              max(self.max_rows, PROMPT_LOGPROB_SLICE))
             self._setup_decode_path()
 
     # -- sizing ------------------------------------------------------------------------

@@ -61,3 +61,51 @@ def test_decode_graph_context_buckets():
     assert runner_mod.context_buckets(32768, 16) == [128, 512, 2048]
     assert runner_mod.context_buckets(2048, 16) == [128]
     assert runner_mod.context_buckets(5000, 32) == [64, 157]
+
+
+def test_gemm_sweep_grid_meets_every_spacing():
+    """Every count to 256, then at most 8 apart to 2,048 and 16 beyond, ending at the
+    step budget: cuBLAS switches kernels at tile and wave boundaries, and the first
+    launch of each kernel waits for the device (engine/gemm_warmup.py)."""
+    from pagefleet.server.engine.gemm_warmup import token_grid
+    assert token_grid(5) == [1, 2, 3, 4, 5]
+    g = token_grid(8192)
+    assert g[:256] == list(range(1, 257)) and g[-1] == 8192
+    gaps = [(b, b - a) for a, b in zip(g, g[1:])]
+    assert all(d > 0 for _, d in gaps)
+    assert max(d for b, d in gaps if b <= 2048) == 8
+    assert max(d for b, d in gaps) == 16
+    odd = token_grid(3000)
+    assert odd[-1] == 3000 and odd[-2] < 3000 and len(set(odd)) == len(odd)
+
+
+def test_gemm_sweep_runs_each_projection_and_lm_head_at_every_count(tiny_models, monkeypatch):
+    """The sweep goes through the model's own linear layers (their quantization method,
+    the qkv bias), each at every grid count, and lm_head at every row count."""
+    from pagefleet.server.engine import gemm_warmup
+    llm = LLM(tiny_models("qwen2"), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=300)
+    model = llm.engine.core.runner.model
+    layer = model.layers[0]
+    seen: dict[str, list[int]] = {}
+    for name, mod in (("qkv", layer.self_attn.qkv_proj), ("o", layer.self_attn.o_proj),
+                      ("gate_up", layer.mlp.gate_up_proj), ("down", layer.mlp.down_proj)):
+        mod.register_forward_hook(lambda m, args, out, name=name: seen.setdefault(
+            name, []).append((args[0].shape[0], args[0].shape[1], out.shape[1])))
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    real_linear = torch.nn.functional.linear
+    head_rows: list[int] = []
+
+    def linear(x, w, b=None):
+        if w is head:
+            head_rows.append(x.shape[0])
+        return real_linear(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    launches, _ = gemm_warmup.warm_gemm_kernels(model, 300, 40)
+    grid = gemm_warmup.token_grid(300)
+    for name, mod in (("qkv", layer.self_attn.qkv_proj), ("down", layer.mlp.down_proj)):
+        assert [m for m, _, _ in seen[name]] == grid
+        assert {k for _, k, _ in seen[name]} == {mod.input_size_per_partition}
+    assert [m for m, _, _ in seen["o"]] == grid and [m for m, _, _ in seen["gate_up"]] == grid
+    assert head_rows == list(range(1, 41))
+    assert launches == 4 * len(grid) + 40
