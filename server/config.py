@@ -213,7 +213,8 @@ class ServerConfig:
     """What the HTTP server adds around the engine."""
 
     host: str = opt("0.0.0.0", "Address to listen on.")
-    port: int = opt(8000, "Port to listen on.")
+    port: int = opt(8000, "Port to listen on (bound before the model loads; 0: a free port, "
+                    "named in the log's \"listening on\" line).")
     served_model_name: list[str] | None = opt(
         None, "Model name(s) in the API; the first is the one responses report, the others "
         "are accepted aliases (default: the model path).", metavar="NAME")

@@ -7,6 +7,12 @@ while the engine lives (a failing liveness probe would cut the drain short), let
 in-flight requests finish for up to
 `--shutdown-timeout` seconds, aborts the rest with an error response (nothing accepted
 ends silently), then stops uvicorn and exits 0. A second Ctrl-C forces the exit.
+
+The port is bound before the engine starts (as vLLM does): loading a large model takes
+minutes, a port that is taken fails at once instead of after the load, and nothing can
+take it meanwhile. Until the engine is up, connections wait in the listen backlog (a
+probe times out, as it would be refused). `--port 0` takes a free port, which the
+"listening on" line names.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, ServerConfig
@@ -96,8 +103,41 @@ def _make_server(config, async_engine, shutdown_timeout: float):
     return server
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port), as uvicorn would bind it (SO_REUSEADDR,
+    IPv6 when the host is an IPv6 address); raises OSError if it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str]) -> int:
     setup_logging()
+    try:
+        sock = bind_listener(server_cfg.host, server_cfg.port)
+    except OSError as e:
+        print(f"pagefleet serve: error: cannot listen on {server_cfg.host}:{server_cfg.port}: "
+              f"{e.strerror or e} (--host/--port)", file=sys.stderr)
+        return 1
+    server_cfg.port = sock.getsockname()[1]
+    log.info("listening on http://%s:%d; requests are answered once the engine is up",
+             server_cfg.host, server_cfg.port)
+    try:
+        return _run_serve(engine_cfg, server_cfg, notices, sock)
+    finally:
+        sock.close()
+
+
+def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str],
+               sock: socket.socket) -> int:
     for notice in notices:
         log.warning(notice)
     from pagefleet.server.api.chat import load_chat_template
@@ -133,13 +173,14 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
         return e.exit_code if e.kind == "oom" and e.exit_code else 1
 
     try:
-        return _serve(engine, engine_cfg, server_cfg, served, model_dir, api_key, chat_template)
+        return _serve(engine, engine_cfg, server_cfg, served, model_dir, api_key, chat_template,
+                      sock)
     finally:
         engine.core.kill()
 
 
 def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: str, model_dir,
-           api_key: str | None, chat_template: str | None) -> int:
+           api_key: str | None, chat_template: str | None, sock: socket.socket) -> int:
     import uvicorn
 
     from pagefleet.server.api.app import build_app
@@ -164,7 +205,7 @@ def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: s
     log.info("starting on http://%s:%d (API key %s)", server_cfg.host, server_cfg.port,
              "required" if api_key else "not required")
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - forced exit
         return 130
     if exit_code["code"]:

@@ -73,7 +73,12 @@ class ThreadServer:
         eng_kw = {"max_model_len": 512, "kv_cache_memory": 32 << 20}
         eng_kw.update({k: v for k, v in settings.items() if k in eng_names})
         srv_kw = {k: v for k, v in settings.items() if k not in eng_names}
-        self.port = free_port()
+        from pagefleet.server.api.serve import bind_listener
+
+        # Bound now, before the engine starts: a port only picked here could be taken
+        # by another test's server meanwhile.
+        self.sock = bind_listener("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
         self.engine_cfg = EngineConfig(model=str(model_dir), **eng_kw)
         self.server_cfg = ServerConfig(host="127.0.0.1", port=self.port, **srv_kw)
         self.served = ServedEngine(self.engine_cfg, model_dir)   # the core in its own process
@@ -84,7 +89,8 @@ class ThreadServer:
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="on")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
 
     @property
     def async_engine(self):
@@ -100,6 +106,7 @@ class ThreadServer:
         self.server.should_exit = True
         self.thread.join(60)
         self.served.core.kill()
+        self.sock.close()
 
     def core_call(self, method: str) -> dict:
         """A utility call into the core process (`counters`, `check_whole`, `stats`)."""
@@ -117,23 +124,33 @@ class ThreadServer:
 
 
 class SubprocessServer:
-    """`pagefleet serve ARGS --port P` in its own process; stderr goes to a file."""
+    """`pagefleet serve ARGS --port 0` in its own process; stderr goes to a file.
+
+    The server binds a free port itself, before loading the model, and names it in its
+    "listening on" line: a port picked here and passed in could be taken by another
+    test's server during the engine's start, which then answered this one's /health."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         self.log_path = log_path
         full_env = {**os.environ, **(env or {})}
         self.log = open(log_path, "wb")
         exe = Path(sys.executable).with_name("pagefleet")
         self.proc = subprocess.Popen([str(exe), "serve", *args, "--host", "127.0.0.1",
-                                      "--port", str(self.port)],
+                                      "--port", "0"],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
 
     def wait_ready(self, timeout: float = 180) -> "SubprocessServer":
         def ready():
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            if not self.port:
+                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", self.output())
+                if not m:
+                    return False
+                self.port = int(m.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 return httpx.get(self.url + "/health", timeout=2).status_code == 200
             except httpx.HTTPError:

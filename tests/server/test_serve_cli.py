@@ -135,11 +135,38 @@ def test_hub_repo_id_fails_fast_without_network(tmp_path, env, needle):
 
 
 def test_missing_local_dir_and_help():
-    proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "no such directory" in proc.stderr
     help_text = subprocess.run([PAGEFLEET, "serve", "--help"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
     for flag in ("--max-num-queued-requests", "--queue-timeout", "--shutdown-timeout",
                  "--kv-cache-memory", "--api-key", "--served-model-name", "--config"):
         assert flag in help_text
+
+
+def test_a_taken_port_fails_before_the_model_loads(model_dir):
+    """The port is bound first: a taken one is an error naming it at once (not after a
+    model load that can take minutes), and the model is never read."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir", "--host", "127.0.0.1",
+                               "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port" in proc.stderr
+    assert "no such directory" not in proc.stderr   # the model was not looked at
+
+
+def test_port_0_binds_a_free_port_named_in_the_log(model_dir, tmp_path):
+    srv = SubprocessServer([str(model_dir), "--max-model-len", "256",
+                            "--kv-cache-memory", str(16 << 20)], tmp_path / "s.log").wait_ready()
+    try:
+        out = srv.output()
+        assert srv.port > 0
+        assert out.index(f"listening on http://127.0.0.1:{srv.port}") < out.index("KV cache:")
+        assert f"starting on http://127.0.0.1:{srv.port}" in out
+        assert httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
+    finally:
+        srv.close()
