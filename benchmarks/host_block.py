@@ -9,7 +9,10 @@ cuBLAS and through cuBLASLt, alone and after a CUDA graph replay. For each varia
 time of the launch loop (no synchronization inside it), the GPU time of the work, the
 slowest single launches, and the allocator's device allocations and retries.
 
-    OUT=$OUT python3 benchmarks/host_block.py [gemms,first_use,kernels]
+    OUT=$OUT python3 benchmarks/host_block.py [PHASES]   (default: gemms)
+
+Phases: gemms, first_use, fresh_cublas, fresh_cublaslt, kernels, lt_vs_classic,
+engine_coverage (benchmarks/README.md says what each measures).
 
 Found on 2026-12-02 (second call): the engine's one blocked launch is the lm_head GEMM
 at an M not seen before (79, 92, 107 sampling rows), not the big GEMMs. `first_use`
@@ -194,7 +197,7 @@ def engine_coverage() -> dict:
     layer = model.layers[0]
     projs = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj,
              "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    head = model.head_weight
     dev = head.device
     x = torch.randn(8192, I, device=dev, dtype=head.dtype)
     rng = random.Random(7)

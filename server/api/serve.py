@@ -111,8 +111,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
-        sock.set_inheritable(False)
+        sock.listen(2048)   # uvicorn's backlog; Python sockets are not inherited by children
     except OSError:
         sock.close()
         raise

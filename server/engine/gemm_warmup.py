@@ -47,10 +47,9 @@ def warm_gemm_kernels(model, max_tokens: int, max_rows: int) -> tuple[int, float
     layer = model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
-    dtype = head.dtype
+    head = model.head_weight
     widest = max(p.input_size_per_partition for p in projections)
-    x = torch.zeros(max_tokens, widest, dtype=dtype, device=head.device)
+    x = torch.zeros(max_tokens, widest, dtype=head.dtype, device=head.device)
     launches = 0
     for m in token_grid(max_tokens):
         for proj in projections:

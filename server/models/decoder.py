@@ -254,11 +254,15 @@ class DecoderForCausalLM(nn.Module):
         x, _ = self.ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         return x
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The logits weight: lm_head, or the embedding when the model ties them."""
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits `[rows, vocab]`; with tensor parallelism rank 0 gathers every rank's
         vocabulary range and the other ranks get None."""
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = nn.functional.linear(hidden, head)
+        logits = nn.functional.linear(hidden, self.head_weight)
         if self.tp is None:
             return logits
         full = self.tp.gather_cat(logits, dim=-1)

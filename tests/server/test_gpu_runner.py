@@ -91,7 +91,7 @@ def test_gemm_sweep_runs_each_projection_and_lm_head_at_every_count(tiny_models,
                       ("gate_up", layer.mlp.gate_up_proj), ("down", layer.mlp.down_proj)):
         mod.register_forward_hook(lambda m, args, out, name=name: seen.setdefault(
             name, []).append((args[0].shape[0], args[0].shape[1], out.shape[1])))
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    head = model.head_weight
     real_linear = torch.nn.functional.linear
     head_rows: list[int] = []
 

@@ -145,7 +145,7 @@ def test_missing_local_dir_and_help():
         assert flag in help_text
 
 
-def test_a_taken_port_fails_before_the_model_loads(model_dir):
+def test_a_taken_port_fails_before_the_model_loads():
     """The port is bound first: a taken one is an error naming it at once (not after a
     model load that can take minutes), and the model is never read."""
     with socket.socket() as taken:
