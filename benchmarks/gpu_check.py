@@ -109,7 +109,9 @@ def phase_parity() -> dict:
         llm.engine.core.check_whole()
         res[name] = {"equal_hf": got == ref, "seq_equal": sum(a == b for a, b in zip(got, ref)),
                      "prefix_hits": st["prefix_cache_hits"], "preemptions": st["num_preemptions"],
-                     "overlapped": llm.engine.num_overlapped_steps, "s": time.time() - t0}
+                     "overlapped": llm.engine.num_overlapped_steps, "s": time.time() - t0,
+                     # mixed steps through the piecewise CUDA graphs (engine/piecewise.py)
+                     "piece_steps": getattr(llm.engine.runner._pieces, "num_steps", 0)}
         log(f"parity {name}: {res[name]}")
         del llm
     # Seeded sampling: alone vs in a crowd (on a GPU the logits themselves may differ in

@@ -128,13 +128,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "n_out": n_out}
 
 
-async def run_phase(url: str, model: str, wl: Workload, count: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    make = wl.make if wl.make is not None else shared_prefix(rng)
-    jobs = [make(rng, i) for i in range(count)]
+async def _run_jobs(url: str, model: str, wl: Workload, jobs: list, users: int,
+                    start_at: float) -> tuple[list[tuple[str, dict]], float, float]:
+    """`users` closed-loop workers over `jobs`, from the wall-clock time `start_at`:
+    (results, start, end) in time.time()."""
     results: list[tuple[str, dict]] = []
     next_job = 0
-    limits = httpx.Limits(max_connections=wl.users + 8, max_keepalive_connections=wl.users + 8)
+    limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=users + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
         async def worker():
             nonlocal next_job
@@ -143,10 +143,94 @@ async def run_phase(url: str, model: str, wl: Workload, count: int, seed: int) -
                 next_job += 1
                 results.append((kind, await one_request(client, url, model, prompt, max_tokens,
                                                         wl.sampling)))
-        t0 = time.perf_counter()
-        await asyncio.gather(*[worker() for _ in range(min(wl.users, len(jobs)))])
-        wall = time.perf_counter() - t0
-    out: dict = {"wall_s": wall, "requests": len(results)}
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        t0 = time.time()
+        await asyncio.gather(*[worker() for _ in range(min(users, len(jobs)))])
+        return results, t0, time.time()
+
+
+def _client_proc(args: tuple, conn) -> None:
+    """One client process: its share of the users and jobs; sends back the results and
+    its own CPU seconds (is the client the bottleneck?)."""
+    import resource
+    url, model, wl, jobs, users, start_at = args
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    results, t0, t1 = asyncio.run(_run_jobs(url, model, wl, jobs, users, start_at))
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    conn.send((results, t0, t1, cpu))
+    conn.close()
+
+
+def _proc_tree_cpu(pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of `pid` and its descendants, by command (Linux /proc)."""
+    if pid is None or not Path("/proc").exists():
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rest = raw[raw.rindex(")") + 2:].split()
+        stats[int(d.name)] = (int(rest[1]), cmd, (int(rest[11]) + int(rest[12])) / tick)
+    tree, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats and p not in tree:
+            tree[p] = stats[p]
+            todo.extend(c for c, (pp, _, _) in stats.items() if pp == p)
+    return {f"{p} {cmd[:60]}": cpu for p, (_, cmd, cpu) in tree.items()}
+
+
+async def run_phase(url: str, model: str, wl: Workload, count: int, seed: int,
+                    procs: int = 1, server_pid: int | None = None) -> dict:
+    """The workload's closed loop over `count` requests, its users spread over `procs`
+    client processes (one asyncio process parses ~10K SSE chunks/s at most, and the
+    server must be what is measured), all starting at once."""
+    rng = random.Random(seed)
+    make = wl.make if wl.make is not None else shared_prefix(rng)
+    jobs = [make(rng, i) for i in range(count)]
+    procs = max(1, min(procs, wl.users, len(jobs)))
+    srv0 = _proc_tree_cpu(server_pid)
+    if procs == 1:
+        import resource
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        results, t0, t1 = await _run_jobs(url, model, wl, jobs, wl.users, time.time())
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpus = [(r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)]
+    else:
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        start_at = time.time() + 0.5
+        children = []
+        for k in range(procs):
+            users = wl.users // procs + (1 if k < wl.users % procs else 0)
+            parent, child = ctx.Pipe(duplex=False)
+            pr = ctx.Process(target=_client_proc,
+                             args=((url, model, wl, jobs[k::procs], users, start_at), child))
+            pr.start()
+            children.append((pr, parent))
+        results, starts, ends, cpus = [], [], [], []
+        for pr, parent in children:
+            res_k, a, b, cpu = await asyncio.to_thread(parent.recv)
+            pr.join()
+            results += res_k
+            starts.append(a)
+            ends.append(b)
+            cpus.append(cpu)
+        t0, t1 = min(starts), max(ends)
+    wall = t1 - t0
+    srv1 = _proc_tree_cpu(server_pid)
+    out: dict = {"wall_s": wall, "requests": len(results), "client_procs": procs,
+                 "client_cpu_frac": [round(c / wall, 3) for c in cpus] if wall else None}
+    if srv1:
+        out["server_cpu_frac"] = {k: round((v - srv0.get(k, 0.0)) / wall, 3)
+                                  for k, v in srv1.items() if v - srv0.get(k, 0.0) > 0.01 * wall}
     errors = [r for _, r in results if "error" in r]
     if errors:
         out["errors"] = len(errors)
@@ -212,6 +296,8 @@ def main() -> None:
     ap.add_argument("--start-timeout", type=float, default=400)
     ap.add_argument("--server-log", default="/tmp/online-server.log")
     ap.add_argument("--max-token-id", type=int, default=VOCAB_HI)
+    ap.add_argument("--client-procs", type=int, default=4,
+                    help="client processes the users are spread over (1: the old one-process client)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                     help="more server flags (last)")
     args = ap.parse_args()
@@ -229,8 +315,9 @@ def main() -> None:
         for i, name in enumerate(args.workloads.split(",")):
             wl = wls[name]
             t0 = time.time()
-            asyncio.run(run_phase(url, "bench", wl, wl.warmup, seed=1000 + i))
-            res[name] = asyncio.run(run_phase(url, "bench", wl, wl.requests, seed=2000 + i))
+            asyncio.run(run_phase(url, "bench", wl, wl.warmup, seed=1000 + i, procs=args.client_procs))
+            res[name] = asyncio.run(run_phase(url, "bench", wl, wl.requests, seed=2000 + i,
+                                              procs=args.client_procs, server_pid=proc.pid))
             res[name]["phase_s"] = time.time() - t0
             print(f"{name}: {json.dumps(res[name])}", flush=True)
             Path(args.out).write_text(json.dumps(res, indent=1))

@@ -24,6 +24,7 @@ import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig
 from pagefleet.server.engine.gemm_warmup import warm_gemm_kernels
+from pagefleet.server.engine.piecewise import PiecewiseGraphs
 from pagefleet.server.engine.scheduler import SchedulerOutput
 from pagefleet.server.engine.staging import Staging
 from pagefleet.server.models.config import ModelConfig
@@ -88,10 +89,12 @@ def default_ops(device: torch.device) -> type[Ops]:
 
 
 def decode_batch_sizes(max_num_seqs: int) -> list[int]:
-    """Padded decode batch sizes (CUDA graphs): 1, 2, 4, 8, then multiples of 8, and
-    max_num_seqs itself."""
+    """Padded decode batch sizes (CUDA graphs): 1, 2, 4, 8, then multiples of 8 to 512,
+    of 16 above (a decode step that large is mostly GEMM work: 16 rows of padding cost
+    at most 3%, and half the captures), and max_num_seqs itself."""
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs]
-    sizes += list(range(8, max_num_seqs, 8))
+    sizes += list(range(8, min(max_num_seqs, 512), 8))
+    sizes += list(range(512, max_num_seqs, 16))
     return sorted(set(sizes + [max_num_seqs]))
 
 
@@ -130,6 +133,7 @@ class ModelRunner:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._decode_sizes: list[int] = []
         self._widths: list[int] = []
+        self._pieces: PiecewiseGraphs | None = None   # mixed steps' graphs (piecewise.py)
         if self.device.type == "cuda":
             self._check_free_memory()
         self.model: DecoderForCausalLM = load_model(model_dir, model_cfg, self.dtype, self.device,
@@ -340,7 +344,8 @@ class ModelRunner:
         bs = self.block_size
         padded = self._padded_size(sched)
         n_tok = sum(s.num_new_tokens for s in rows)
-        width = padded or n_tok
+        pieces = self._pieces.size_for(n_tok) if self._pieces is not None and not padded else 0
+        width = padded or pieces or n_tok
         tok_h, tok = st.reserve("i64", 4, width)          # ids, positions, slots, pending row
         row_h, row = st.reserve("i64", 2, padded or n_rows)   # context lens, row slot
         ids, pos, slot_map, pend = tok[0], tok[1], tok[2], tok[3]
@@ -429,6 +434,11 @@ class ModelRunner:
             pend[n_rows:] = -1
             ctx[n_rows:] = 0
             row_slot[n_rows:] = 0
+        elif pieces:   # padding tokens: no K/V write, nothing read from a pending row
+            ids[n_tok:] = 0
+            pos[n_tok:] = 0
+            slot_map[n_tok:] = -1
+            pend[n_tok:] = -1
         upd_h = st.put("i64", [upd_slot, upd_col, upd_blk], 3, len(upd_slot)) if upd_slot else None
         cu_h = st.put("i64", cu) if n_rows > n_dec else None
         rows_h = st.put("i64", sample_rows)
@@ -439,7 +449,7 @@ class ModelRunner:
         for slot, table, size in changed:
             bt_src[slot], bt_len[slot] = table, size
         return StagedStep(tok_h, row_h, upd_h, cu_h, rows_h, n_tok, n_rows, n_dec, max_q,
-                          len(sample_rows), padded, width_blocks, pl)
+                          len(sample_rows), padded, width_blocks, pl, pieces)
 
     def _padded_size(self, sched: SchedulerOutput) -> int:
         """The captured batch size for a pure-decode step, or 0 (eager, unpadded)."""
@@ -470,14 +480,17 @@ class ModelRunner:
                 hidden = self._decode_forward(step.padded, step.width)
             self.last_prepare_s = time.perf_counter() - t0
             return self._logits(hidden[:step.num_samples])
-        ids = self._input_ids(tok[0], tok[3])
         meta = AttentionMetadata(
             positions=tok[1], slot_mapping=tok[2],
             cu_seqlens_q=st.get(step.cu) if step.cu is not None else row[0][:0],
             context_lens=row[0], block_tables=self.block_table.index_select(0, row[1]),
             max_query_len=step.max_query_len, num_decodes=step.num_decodes)
         self.last_prepare_s = time.perf_counter() - t0
-        hidden = self.model(ids, meta)
+        if step.pieces:
+            hidden = self._pieces.run(step.pieces, tok, meta, step.num_tokens)
+            hidden = hidden[:step.num_tokens]
+        else:
+            hidden = self.model(self._input_ids(tok[0], tok[3]), meta)
         if step.prompt_logprobs is not None:
             step.prompt_logprobs.compute(self.model, hidden, st)
         if step.num_samples == 0:
@@ -500,16 +513,24 @@ class ModelRunner:
     # -- padded decode batches and CUDA graphs ------------------------------------------
     last_prepare_s = 0.0
 
-    def _setup_decode_path(self, force: bool = False) -> None:
+    def _setup_decode_path(self, force: bool = False, pieces: bool | None = None) -> None:
         """Pure decode batches run at padded sizes from static input buffers, replayed
         from CUDA graphs unless --enforce-eager (or the ops are not graph-safe). Eager
         runs use the same padded shapes, so outputs with and without graphs are equal.
         `force` sets up the padded path without a GPU (tests run it eagerly on the CPU).
+        Mixed steps of up to 1,024 tokens run through piecewise graphs (piecewise.py),
+        on one device and unless --enforce-eager; `pieces` overrides that choice (tests
+        run the pieces eagerly on the CPU).
         """
         self._graphs.clear()
+        self._pieces = None
         if not (force or getattr(self.ops, "graph_safe", False)):
             self._decode_sizes = []
             return
+        if pieces if pieces is not None else (self.tp is None and not self.config.enforce_eager):
+            self._pieces = PiecewiseGraphs(self.model, self._input_ids,
+                                           self.config.max_num_batched_tokens, self.device,
+                                           self.dtype)
         sizes = decode_batch_sizes(min(self.config.max_num_seqs, MAX_GRAPH_BATCH))
         self._decode_sizes = sizes
         self._widths = context_buckets(self.max_model_len, self.block_size)
@@ -524,6 +545,7 @@ class ModelRunner:
                      " (--enforce-eager)" if self.config.enforce_eager else "", sizes)
             return
         t0 = time.perf_counter()
+        torch.cuda.empty_cache()   # capture empties the cache too: free memory counts the pool alone
         free_before = torch.cuda.mem_get_info(dev)[0]
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
@@ -541,6 +563,8 @@ class ModelRunner:
                  "tokens) in %.1f s, %.2f GiB", len(self._graphs), max_bs,
                  [w * self.block_size for w in self._widths], time.perf_counter() - t0,
                  used / GiB)
+        if self._pieces is not None:
+            self._pieces.capture(pool)
 
     def _graph_widths(self, bs: int) -> list[int]:
         """Block-table widths captured for batch `bs`. The decode kernel splits long
@@ -576,7 +600,10 @@ class ModelRunner:
         return self.model(self._input_ids(tok[0], tok[3]), meta)
 
 
-MAX_GRAPH_BATCH = 512   # larger decode batches run eagerly (as vLLM caps its captures)
+# Larger decode batches run eagerly. vLLM caps its captures at 512, but an eager decode
+# step of 513-1,024 rows took 36 ms to launch against ~20 ms on the GPU (H200, fp8
+# weights, 2026-12-01), and the default --max-num-seqs on large GPUs is 1,024.
+MAX_GRAPH_BATCH = 1024
 
 
 def context_buckets(max_model_len: int, block_size: int) -> list[int]:
@@ -663,3 +690,4 @@ class StagedStep:
     padded: int
     width: int = 0          # block-table width of the decode graph (padded steps)
     prompt_logprobs: PromptLogprobRows | None = None
+    pieces: int = 0         # a mixed step's padded token count (piecewise graphs), or 0

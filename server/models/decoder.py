@@ -115,6 +115,11 @@ class Attention(nn.Module):
         self.v_cache: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.attend(self.project(x, meta, cos_sin), meta))
+
+    def project(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
+        """q `[T, heads, head_dim]`, rotated; K/V rotated and written to the cache. Reads
+        only `meta.positions` and `meta.slot_mapping` (a CUDA graph piece may hold it)."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
@@ -126,23 +131,37 @@ class Attention(nn.Module):
         q, k = self.ops.rotary_embedding(meta.positions, q, k, cos_sin)
         self.ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping,
                                meta.k_scale, meta.v_scale)
+        return q
+
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, num_tokens: int | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the first `num_tokens` rows of q (all by default; a padded batch
+        has more): decode rows through the decode kernel, prefill rows through the varlen
+        prefill kernel. Rows past `num_tokens` of `out` are left as they are."""
+        n = q.shape[0] if num_tokens is None else num_tokens
         d = meta.num_decodes
-        if d == n:
-            o = self.ops.decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
-                                          meta.context_lens, self.scale, meta.k_scale, meta.v_scale)
-        elif d == 0:
-            o = self.ops.prefill_attention(q, self.k_cache, self.v_cache, meta.cu_seqlens_q,
-                                           meta.context_lens, meta.block_tables, self.scale,
-                                           meta.k_scale, meta.v_scale)
-        else:
-            o = torch.empty_like(q)
+        if d == n and out is None:
+            return self.ops.decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                             meta.context_lens, self.scale, meta.k_scale,
+                                             meta.v_scale)
+        if d == 0 and out is None:
+            return self.ops.prefill_attention(q, self.k_cache, self.v_cache, meta.cu_seqlens_q,
+                                              meta.context_lens, meta.block_tables, self.scale,
+                                              meta.k_scale, meta.v_scale)
+        o = torch.empty_like(q) if out is None else out
+        if d:
             self.ops.decode_attention(q[:d], self.k_cache, self.v_cache, meta.block_tables[:d],
                                       meta.context_lens[:d], self.scale, meta.k_scale,
                                       meta.v_scale, out=o[:d])
-            self.ops.prefill_attention(q[d:], self.k_cache, self.v_cache, meta.cu_seqlens_q,
+        if n > d:
+            self.ops.prefill_attention(q[d:n], self.k_cache, self.v_cache, meta.cu_seqlens_q,
                                        meta.context_lens[d:], meta.block_tables[d:], self.scale,
-                                       meta.k_scale, meta.v_scale, out=o[d:])
-        out = self.o_proj(o.reshape(n, self.q_size))
+                                       meta.k_scale, meta.v_scale, out=o[d:n])
+        return o
+
+    def finish(self, o: torch.Tensor) -> torch.Tensor:
+        """The output projection (and the tensor-parallel all-reduce)."""
+        out = self.o_proj(o.reshape(o.shape[0], self.q_size))
         return self.tp.all_reduce(out) if self.o_proj.reduce_results else out
 
 
@@ -178,12 +197,24 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, residual = self.attn_in(x, residual, meta, cos_sin)
+        return self.attn_out(self.self_attn.attend(q, meta), residual)
+
+    # The layer around its attention kernels, in two halves: a piecewise CUDA graph
+    # (runner.py) captures everything between two layers' attention calls.
+    def attn_in(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
+                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, residual): the input norm, q/k/v, rotary and the K/V write."""
         ln = self.input_layernorm
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, ln.weight, ln.eps)
         else:
             h, residual = self.ops.fused_add_rms_norm(x, residual, ln.weight, ln.eps)
-        h = self.self_attn(h, meta, cos_sin)
+        return self.self_attn.project(h, meta, cos_sin), residual
+
+    def attn_out(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual): the output projection, the second norm and the MLP."""
+        h = self.self_attn.finish(o)
         ln = self.post_attention_layernorm
         h, residual = self.ops.fused_add_rms_norm(h, residual, ln.weight, ln.eps)
         return self.mlp(h), residual
@@ -241,16 +272,21 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[T, hidden]` after the final norm."""
-        if self.tp is None:
-            x = nn.functional.embedding(input_ids, self.embed_tokens)
-        else:   # this rank's rows; the others' are zeros here, so the sum is exact
-            local = input_ids - self.vocab_start
-            mine = (local >= 0) & (local < self.vocab_per_rank)
-            x = nn.functional.embedding(torch.where(mine, local, 0), self.embed_tokens)
-            x = self.tp.all_reduce(x.masked_fill(~mine.unsqueeze(1), 0.0))
-        residual = None
+        x, residual = self.embed(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, meta, self.cos_sin)
+        return self.final_norm(x, residual)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return nn.functional.embedding(input_ids, self.embed_tokens)
+        # This rank's rows; the others' are zeros here, so the sum is exact.
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.vocab_per_rank)
+        x = nn.functional.embedding(torch.where(mine, local, 0), self.embed_tokens)
+        return self.tp.all_reduce(x.masked_fill(~mine.unsqueeze(1), 0.0))
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         x, _ = self.ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         return x
 

@@ -19,6 +19,10 @@ def test_decode_batch_sizes():
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256
     assert all(b % 8 == 0 for b in sizes[3:])
     assert runner_mod.decode_batch_sizes(100)[-2:] == [96, 100]
+    big = runner_mod.decode_batch_sizes(1024)
+    assert big[-1] == 1024 and 504 in big and 512 in big and 520 not in big
+    assert all(b % 16 == 0 for b in big if b >= 512)
+    assert runner_mod.MAX_GRAPH_BATCH >= 1024   # the large-GPU default max_num_seqs
 
 
 def test_default_ops_is_torch_on_cpu():
