@@ -26,13 +26,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import phase_runner  # noqa: E402
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-trace"))
 BIG = Path(os.environ.get("PAGEFLEET_BENCH_MODEL", "/dev/shm/qwen2.5-7b-random"))
 FLAGS = dict(max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
@@ -275,25 +274,7 @@ PHASES = {"u64": (phase_u64, 240), "prefix": (phase_prefix, 240),
 
 
 def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 2 and sys.argv[1] == "--phase":
-        name = sys.argv[2]
-        try:
-            data = PHASES[name][0]()
-        except Exception:  # noqa: BLE001 - the error is the result
-            traceback.print_exc()
-            data = {"error": traceback.format_exc()[-3000:]}
-        (OUT / f"trace_{name}.json").write_text(json.dumps(data, indent=1, default=str))
-        return
-    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else ["u64", "prefix"]):
-        t0 = time.time()
-        log(f"== {name}")
-        try:
-            subprocess.run([sys.executable, __file__, "--phase", name], timeout=PHASES[name][1],
-                           check=False)
-        except subprocess.TimeoutExpired:
-            log(f"{name}: timed out after {PHASES[name][1]} s")
-        log(f"{name}: {time.time() - t0:.0f} s")
+    phase_runner.main(__file__, PHASES, OUT, "trace", ["u64", "prefix"])
 
 
 if __name__ == "__main__":

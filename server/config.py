@@ -102,7 +102,8 @@ class EngineConfig:
     scheduling_policy: str = opt("fcfs", "fcfs: first come first served. priority: lower "
                                  "'priority' value first, then arrival.",
                                  choices=("fcfs", "priority"))
-    enforce_eager: bool = opt(False, "Disable CUDA graphs.")
+    enforce_eager: bool = opt(False, "Disable CUDA graphs (the decode graphs and the mixed "
+                              "steps' piecewise graphs).")
     async_scheduling: bool = opt(True, "Queue the next decode step on the device before "
                                  "reading back this one's tokens, so host work overlaps "
                                  "the forward (outputs are the same).")

@@ -37,6 +37,13 @@ log = logging.getLogger("pagefleet.engine")
 MAX_PIECEWISE_TOKENS = 1024
 
 
+def input_ids(last_tokens: torch.Tensor, ids: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+    """Known ids, with pending decodes' ids read from the previous step's samples
+    (`last_tokens[pending row]`) on the device."""
+    prev = last_tokens.index_select(0, pending.clamp(min=0))
+    return torch.where(pending >= 0, prev, ids)
+
+
 def piece_sizes(max_tokens: int) -> list[int]:
     """Padded token counts with captured pieces: every 16th to 256, every 32nd to 512,
     every 64th to 1,024 (padding is at most 1/8 of a step's tokens from 128 on, where the
@@ -52,10 +59,12 @@ class PiecewiseGraphs:
     """The pieces of `model`'s forward per padded token count, and how to run a step
     through them. `capture=False` runs the very same pieces eagerly (CPU tests)."""
 
-    def __init__(self, model: DecoderForCausalLM, input_ids, max_tokens: int,
+    def __init__(self, model: DecoderForCausalLM, last_tokens: torch.Tensor, max_tokens: int,
                  device: torch.device, dtype: torch.dtype) -> None:
+        # Tensors only, never the runner: a reference back to it would make a cycle that
+        # keeps a deleted engine's KV cache on the GPU until the next garbage collection.
         self.model = model
-        self.input_ids = input_ids          # (ids, pending rows) -> ids, read on the device
+        self.last_tokens = last_tokens      # the runner's: pending decodes read their ids there
         self.sizes = piece_sizes(max_tokens)
         attn = model.attention_layers()[0]
         t = self.sizes[-1] if self.sizes else 0
@@ -86,7 +95,7 @@ class PiecewiseGraphs:
     def _piece(self, i: int, t: int, meta: AttentionMetadata) -> None:
         m = self.model
         if i == 0:
-            x, residual = m.embed(self.input_ids(self.tok[0, :t], self.tok[3, :t])), None
+            x, residual = m.embed(input_ids(self.last_tokens, self.tok[0, :t], self.tok[3, :t])), None
         else:
             x, residual = m.layers[i - 1].attn_out(self.o[:t], self.residual[:t])
         if i == len(m.layers):

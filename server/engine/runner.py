@@ -7,8 +7,10 @@ mapping, and returns the logits of the rows that produce a token this step.
 Every step's inputs travel the same way: packed on the host into a pinned staging
 buffer, one non-blocking copy per dtype, block tables kept on the device per row slot
 and updated only where a request gained blocks. Pure-decode steps replay CUDA graphs
-at padded batch sizes; mixed steps run eagerly from the same staged inputs. Nothing
-on the step path copies pageable memory to the device or reads a device value back.
+at padded batch sizes; mixed steps of up to 1,024 tokens replay piecewise graphs with
+their attention launched in between (piecewise.py); longer ones run eagerly, from the
+same staged inputs. Nothing on the step path copies pageable memory to the device or
+reads a device value back.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig
 from pagefleet.server.engine.gemm_warmup import warm_gemm_kernels
-from pagefleet.server.engine.piecewise import PiecewiseGraphs
+from pagefleet.server.engine.piecewise import PiecewiseGraphs, input_ids
 from pagefleet.server.engine.scheduler import SchedulerOutput
 from pagefleet.server.engine.staging import Staging
 from pagefleet.server.models.config import ModelConfig
@@ -506,9 +508,7 @@ class ModelRunner:
         return logits.float() if logits is not None else None
 
     def _input_ids(self, ids: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
-        """Known ids, with pending decodes' ids read from the previous step's samples."""
-        prev = self.last_tokens.index_select(0, pending.clamp(min=0))
-        return torch.where(pending >= 0, prev, ids)
+        return input_ids(self.last_tokens, ids, pending)
 
     # -- padded decode batches and CUDA graphs ------------------------------------------
     last_prepare_s = 0.0
@@ -528,7 +528,7 @@ class ModelRunner:
             self._decode_sizes = []
             return
         if pieces if pieces is not None else (self.tp is None and not self.config.enforce_eager):
-            self._pieces = PiecewiseGraphs(self.model, self._input_ids,
+            self._pieces = PiecewiseGraphs(self.model, self.last_tokens,
                                            self.config.max_num_batched_tokens, self.device,
                                            self.dtype)
         sizes = decode_batch_sizes(min(self.config.max_num_seqs, MAX_GRAPH_BATCH))
