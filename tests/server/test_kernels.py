@@ -298,21 +298,27 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
               for n in (6, 3, 9, 5)]
     outs = {}
     # Triton through the CUDA decode path (static buffers, padded batch; eager here),
-    # prefill and mixed steps through the flat path.
-    for name, ops, padded in (("torch", Ops, False), ("triton-padded", TritonOps, True)):
+    # prefill and mixed steps through the flat path, then through the pieces of the
+    # forward (engine/piecewise.py: attention on slices of static buffers, padding).
+    for name, ops, padded, pieces in (("torch", Ops, False, False),
+                                      ("triton-padded", TritonOps, True, False),
+                                      ("triton-pieces", TritonOps, True, True)):
         llm = LLM(model_dir, max_model_len=256, max_num_seqs=3, max_num_batched_tokens=32,
                   block_size=16, enforce_eager=True)
         runner = llm.engine.runner
         runner.set_ops(ops)
         if padded:   # the CUDA decode path (static buffers, padded batch), run eagerly
-            runner._setup_decode_path()
+            runner._setup_decode_path(pieces=pieces)
             assert runner._decode_sizes == [1, 2, 3]
         first = llm.generate(prompts[:1], params[:1])
         rest = llm.generate(prompts[1:], params[1:])
         outs[name] = [o.outputs[0].token_ids for o in first + rest]
         assert llm.stats()["prefix_cache_hits"] > 0
         llm.engine.kv.check_whole()
+        if pieces:
+            assert runner._pieces.num_steps > 0
     assert outs["triton-padded"] == outs["torch"]
+    assert outs["triton-pieces"] == outs["torch"]
     assert sum(len(set(s)) for s in outs["torch"]) >= 3 * len(prompts)
 
 
