@@ -188,6 +188,32 @@ def phase_kernels(args) -> dict:
               0.0 if kv_dtype == bf16 else 3e-2)
         ms = median_ms(lambda: triton_attention.store_kvcache(k, v, *a, slots, scale, scale))
         res["small_ops"].append({"op": f"store_kvcache {t} tok {str(kv_dtype)[6:]}", "ms": ms})
+        # Rotary and the KV write fused (what the model runs) against the two in a row.
+        q = qkv[:, :hq * d].view(t, hq, d)
+        pos = torch.randint(0, 4096, (t,), device=dev)
+        cs = rotary.cos_sin_cache(d, 4096, 1e6, None).to(dev)
+        fused = (kc.clone(), vc.clone())
+        qf = triton_rotary.rotary_and_store(pos, q, k, v, cs, *fused, slots, scale, scale)
+        qr, kr = triton_rotary.rotary_embedding(pos, q, k, cs)
+        pair = (kc.clone(), vc.clone())
+        triton_attention.store_kvcache(kr, v, *pair, slots, scale, scale)
+        check(f"rotary_and_store[{str(kv_dtype)[6:]}]",
+              torch.cat([qf.flatten().float(), fused[0].flatten().float(), fused[1].flatten().float()]),
+              torch.cat([qr.flatten().float(), pair[0].flatten().float(), pair[1].flatten().float()]),
+              0.0)
+
+        for n in (1, 64, t - 1):   # a decode token, a small batch, a prefill chunk
+            sl = slice(1, 1 + n)      # slots[0] is -1
+
+            def fused_op(sl=sl):
+                triton_rotary.rotary_and_store(pos[sl], q[sl], k[sl], v[sl], cs, *fused,
+                                               slots[sl], scale, scale)
+
+            def two_ops(sl=sl):
+                _, kk = triton_rotary.rotary_embedding(pos[sl], q[sl], k[sl], cs)
+                triton_attention.store_kvcache(kk, v[sl], *pair, slots[sl], scale, scale)
+            res["small_ops"].append({"op": f"rotary_and_store {n} tok {str(kv_dtype)[6:]}",
+                                     "ms": graph_ms(fused_op), "two_ops_ms": graph_ms(two_ops)})
 
     # Decode attention: correctness and variants at 1K context.
     def decode_setup(batch, ctx_len, bs=16, kv_dtype=bf16):

@@ -64,6 +64,17 @@ class Ops:
     w4a16_linear = staticmethod(quant.w4a16_linear)
     fp8_linear = staticmethod(quant.fp8_linear)
 
+    @classmethod
+    def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float,
+                         v_scale: float) -> torch.Tensor:
+        """Rotated q; rotated k and v written to the cache. The two ops in a row here
+        (whichever a subclass picked); TritonOps fuses them into one kernel."""
+        q, k = cls.rotary_embedding(positions, q, k, cos_sin)
+        cls.store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return q
+
 
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
@@ -128,10 +139,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q, k = self.ops.rotary_embedding(meta.positions, q, k, cos_sin)
-        self.ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping,
-                               meta.k_scale, meta.v_scale)
-        return q
+        return self.ops.rotary_and_store(meta.positions, q, k, v, cos_sin, self.k_cache,
+                                         self.v_cache, meta.slot_mapping, meta.k_scale,
+                                         meta.v_scale)
 
     def attend(self, q: torch.Tensor, meta: AttentionMetadata, num_tokens: int | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:

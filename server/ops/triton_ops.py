@@ -19,6 +19,7 @@ class TritonOps(Ops):
     rms_norm = staticmethod(triton_layernorm.rms_norm)
     fused_add_rms_norm = staticmethod(triton_layernorm.fused_add_rms_norm)
     rotary_embedding = staticmethod(triton_rotary.rotary_embedding)
+    rotary_and_store = staticmethod(triton_rotary.rotary_and_store)
     silu_and_mul = staticmethod(triton_activation.silu_and_mul)
     w4a16_linear = staticmethod(triton_quant.w4a16_linear)
     fp8_linear = staticmethod(triton_quant.fp8_linear)

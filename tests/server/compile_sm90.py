@@ -1,4 +1,4 @@
-"""Compile the quantized-GEMM and prefill-attention Triton kernels for sm_90 (H100/H200) on a machine
+"""Compile the quantized-GEMM, prefill-attention and rotary + KV-write Triton kernels for sm_90 (H100/H200) on a machine
 without a GPU: Triton's own front end and the ptxas it ships, with the launch configs
 that `triton_quant` ships. The interpreter runs kernel bodies as Python and accepts code
 the compiler refuses (a constexpr reassigned in an unrolled loop cost a device call on
@@ -15,6 +15,7 @@ from triton.compiler import ASTSource
 
 from pagefleet.server.ops import triton_attention as ta
 from pagefleet.server.ops import triton_quant as tq
+from pagefleet.server.ops import triton_rotary as tr
 
 
 def signature(fn, ptrs: dict[str, str], constexprs: dict) -> dict[str, str]:
@@ -34,6 +35,10 @@ def main() -> int:
     int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
     fp8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "as_ptr": "*fp32",
            "b_ptr": "*bf16"}
+    rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "q_ptr": "*bf16", "k_ptr": "*bf16",
+            "v_ptr": "*bf16", "qo_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16",
+            "k_scale": "fp32", "v_scale": "fp32"}
+    rope_cx = {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "QUANT": False}
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
@@ -72,6 +77,10 @@ def main() -> int:
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
+        # Qwen2.5-7B's heads; positions and slots arrive as int64 staging slices
+        ("rotary + KV write", tr._rotary_store_kernel, rope, rope_cx, 4, 2),
+        ("rotary + KV write, fp8 cache", tr._rotary_store_kernel,
+         {**rope, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {**rope_cx, "QUANT": True}, 4, 2),
     ]
     failed = 0
     for name, fn, ptrs, cx, warps, stages in cases:

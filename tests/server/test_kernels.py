@@ -242,6 +242,43 @@ def test_rotary(dtype, scaling, tokens, hq, hk, d):
     assert rel_err(q1, q2) <= TOL[dtype] and rel_err(k1, k2) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.bfloat16, torch.bfloat16),
+                                            (torch.float32, torch.float32),
+                                            (torch.bfloat16, FP8)])
+@pytest.mark.parametrize("tokens,hq,hk,d,block_size", [(6, 4, 2, 32, 16), (13, 7, 1, 16, 32),
+                                                      (5, 4, 2, 48, 16)])   # 48: the fallback
+def test_rotary_and_store(dtype, kv_dtype, tokens, hq, hk, d, block_size):
+    """The fused kernel writes the bits rotary-then-store writes (q returned, k and v in
+    the cache, slot -1 untouched), and the model's default op composes the two twins."""
+    from pagefleet.server.models.decoder import Ops
+    cs = rotary.cos_sin_cache(d, 512, 10000.0, LLAMA3).to(DEV)
+    g = torch.Generator().manual_seed(tokens * hq + d)
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, generator=g).to(dtype).to(DEV)
+    q = qkv[:, :hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d:(hq + hk) * d].view(tokens, hk, d)
+    v = qkv[:, (hq + hk) * d:].view(tokens, hk, d)
+    pos = torch.randint(0, 512, (tokens,), generator=g).to(DEV)
+    slots = torch.randperm(10 * block_size, generator=g)[:tokens]
+    slots[1::4] = -1
+    slots = slots.to(DEV)
+    kc, vc = make_cache(10, block_size, hk, d, kv_dtype, tokens)
+    ks, vs = (0.5, 2.0) if kv_dtype == FP8 else (1.0, 1.0)
+    out_k, out_v, ref_k, ref_v = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    q1 = triton_rotary.rotary_and_store(pos, q, k, v, cs, out_k, out_v, slots, ks, vs)
+    q2 = Ops.rotary_and_store(pos, q, k, v, cs, ref_k, ref_v, slots, ks, vs)
+    q3, k3 = triton_rotary.rotary_embedding(pos, q, k, cs)   # the two Triton ops in a row
+    tri_k, tri_v = kc.clone(), vc.clone()
+    triton_attention.store_kvcache(k3, v, tri_k, tri_v, slots, ks, vs)
+    assert torch.equal(q1, q3) and rel_err(q1, q2) <= TOL[dtype]
+    flat = lambda c: c.view(-1, hk, d).float().cpu()  # noqa: E731
+    assert torch.equal(flat(out_k), flat(tri_k)) and torch.equal(flat(out_v), flat(tri_v))
+    untouched = torch.ones(10 * block_size, dtype=torch.bool)
+    untouched[slots[slots >= 0].cpu()] = False
+    assert torch.equal(flat(out_k)[untouched], flat(kc)[untouched])
+    tol = 3e-2 if kv_dtype == FP8 else TOL[dtype]
+    assert rel_err(flat(out_k), flat(ref_k)) <= tol and rel_err(flat(out_v), flat(ref_v)) <= tol
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(1, 64), (5, 96), (2, 3, 2 * 1100)])
 def test_silu_and_mul(dtype, shape):
@@ -289,7 +326,9 @@ def test_triton_ops_model_greedy_matches_torch_ops(tiny_models):
     from pagefleet.server.ops.triton_ops import TritonOps
     from tests.server.helpers import random_prompts
 
-    model_dir = tiny_models("qwen3-kernels", arch="qwen3", num_layers=2)
+    # hidden 64 over 4 heads: head_dim 32 (qwen3 doubles it), which the rotary kernels
+    # take (half a power of two), so the fused rotary + KV write runs, not its fallback.
+    model_dir = tiny_models("qwen3-kernels", arch="qwen3", num_layers=2, hidden_size=64)
     shared = random_prompts(3, [40], 512)[0]
     prompts = [shared + t for t in random_prompts(4, [3, 21], 512)] + random_prompts(5, [50, 20], 512)
     # Different lengths: requests finish at different steps, so decode rows shift and
@@ -335,7 +374,7 @@ def test_warm_up_reaches_every_kernel_variant_a_workload_does(tiny_models):
     from pagefleet.server.ops import jit_variants
     from pagefleet.server.ops.triton_ops import TritonOps
 
-    model_dir = tiny_models("qwen3-variants", arch="qwen3", num_layers=1)
+    model_dir = tiny_models("qwen3-variants", arch="qwen3", num_layers=1, hidden_size=64)
     llm = LLM(model_dir, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
               block_size=16, enforce_eager=True)
     runner = llm.engine.runner
@@ -344,7 +383,7 @@ def test_warm_up_reaches_every_kernel_variant_a_workload_does(tiny_models):
     with jit_variants.record() as warm:
         warmup.warm_up(llm.engine.core)
     assert {"triton_attention._prefill_kernel", "triton_attention._decode_kernel",
-            "triton_attention._store_kvcache_kernel"} <= set(warm)
+            "triton_rotary._rotary_store_kernel"} <= set(warm)
     rng = random.Random(0)
     shared = [rng.randrange(3, 500) for _ in range(40)]
     with jit_variants.record() as served:
