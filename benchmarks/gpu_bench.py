@@ -237,19 +237,19 @@ def phase_kernels(args) -> dict:
         check(f"decode B={batch} ctx={ctx_len} bs={bs} {str(kv_dtype)[6:]}", out, ref, 1e-2)
     base = dict(triton_attention.DECODE_CONFIG)
     variants = [
-        dict(block_n=64, num_warps=4, num_stages=3, partition=512, min_partition=128,
+        dict(block_n=64, num_warps=4, num_stages=3, max_partition=1024, min_partition=128,
              target_programs=None),
-        dict(block_n=64, num_warps=4, num_stages=2, partition=512, min_partition=128,
+        dict(block_n=64, num_warps=4, num_stages=2, max_partition=1024, min_partition=128,
              target_programs=None),
-        dict(block_n=64, num_warps=2, num_stages=3, partition=512, min_partition=128,
+        dict(block_n=64, num_warps=2, num_stages=3, max_partition=1024, min_partition=128,
              target_programs=None),
-        dict(block_n=128, num_warps=4, num_stages=2, partition=512, min_partition=128,
+        dict(block_n=128, num_warps=4, num_stages=2, max_partition=1024, min_partition=128,
              target_programs=None),
-        dict(block_n=64, num_warps=4, num_stages=3, partition=512, min_partition=64,
+        dict(block_n=64, num_warps=4, num_stages=3, max_partition=1024, min_partition=64,
              target_programs=None),
-        dict(block_n=64, num_warps=4, num_stages=3, partition=256, min_partition=256,
+        dict(block_n=64, num_warps=4, num_stages=3, max_partition=256, min_partition=256,
              target_programs=None),
-        dict(block_n=64, num_warps=4, num_stages=3, partition=512, min_partition=128,
+        dict(block_n=64, num_warps=4, num_stages=3, max_partition=1024, min_partition=128,
              target_programs=512)]
     for batch in (1, 16, 64, 256):
         q, kc, vc, bt, ctx = decode_setup(batch, 1024)
@@ -884,7 +884,7 @@ def print_table(r: dict) -> None:
               f"{max(x['rel_err'] for x in k['checks']):.2e}" + (f"; FAILED {bad}" if bad else ""))
         for b, v in sorted(k.get("decode_best", {}).items(), key=lambda x: int(x[0])):
             print(f"  decode attn B={b}: best {v['ms'] * 1e3:.0f} us ({v['GBps']:.0f} GB/s) "
-                  f"bn={v['block_n']} w={v['num_warps']} st={v['num_stages']} part={v['partition']}")
+                  f"bn={v['block_n']} w={v['num_warps']} st={v['num_stages']} part={v['min_partition']}-{v['max_partition']}")
         if "decode_tuned" in k:
             print(f"  decode tuned config {k['decode_tuned']}: {k['decode_tuned_total_ms']:.3f} ms "
                   f"vs default {k['decode_default_total_ms']:.3f} ms (sum B=16,64,256)")

@@ -203,10 +203,10 @@ def phase_decode_sweep() -> dict:
             q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
             kv_bytes = int(ctx.sum().item()) * hk * d * 2 * 2
             for label, over in (("plan", {}), ("none", {"target_programs": 1}),
-                                ("p256", {"target_programs": 1 << 20, "partition": 256, "min_partition": 256}),
-                                ("p512", {"target_programs": 1 << 20, "partition": 512, "min_partition": 512}),
-                                ("p1024", {"target_programs": 1 << 20, "partition": 1024, "min_partition": 1024}),
-                                ("p512w4", {"target_programs": 1 << 20, "partition": 512, "min_partition": 512, "num_warps": 4}),
+                                ("p256", {"target_programs": 1 << 20, "split_programs": 1, "min_partition": 256, "max_partition": 256}),
+                                ("p512", {"target_programs": 1 << 20, "split_programs": 1, "min_partition": 512, "max_partition": 512}),
+                                ("p1024", {"target_programs": 1 << 20, "split_programs": 1, "min_partition": 1024, "max_partition": 1024}),
+                                ("p512w4", {"target_programs": 1 << 20, "split_programs": 1, "min_partition": 512, "max_partition": 512, "num_warps": 4}),
                                 ("nonew4", {"target_programs": 1, "num_warps": 4})):
                 ta.DECODE_CONFIG.update(over)
                 try:
@@ -245,14 +245,15 @@ def phase_decode_plan() -> dict:
             ctx = torch.full((batch,), ctx_len, dtype=torch.int32, device="cuda")
             q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
             plan = ta.decode_plan(batch, hk, width, q.device)
-            row = {"batch": batch, "ctx": ctx_len, "width": width, "plan_part": plan[0]}
+            row = {"batch": batch, "ctx": ctx_len, "width": width, "plan": str(plan)}
             for part in ("plan", 128, 256, 512, 1024, 2048, "none"):
                 if part == "plan":
                     over = {}
                 elif part == "none":
                     over = {"target_programs": 1}
-                else:
-                    over = {"target_programs": 1 << 20, "partition": part, "min_partition": part}
+                else:   # exactly `part` tokens per split
+                    over = {"target_programs": 1 << 20, "split_programs": 1,
+                            "min_partition": part, "max_partition": part}
                 ta.DECODE_CONFIG.update(over)
                 try:
                     row[str(part)] = round(1e3 * graph_ms(

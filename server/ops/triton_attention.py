@@ -13,6 +13,8 @@ width (both static per captured graph).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -26,9 +28,12 @@ DECODE_CONFIG = {
     "block_n": 64,          # tokens per K/V tile
     "num_warps": 2,         # H200 sweep, 2026-11-29 (BENCHMARKS.md)
     "num_stages": 3,
-    "partition": 512,       # most tokens per split when the batch alone cannot fill the GPU
-    "min_partition": 128,   # fewest; small batches use short splits (more programs)
-    "target_programs": None,  # None: 2 x multiprocessor count
+    # Splitting a row's context (see `decode_plan`): each row picks its split count on the
+    # device from its own context, so one captured grid serves every context in its bucket.
+    "target_programs": None,  # None: 2 x multiprocessors; batch x kv heads at least that: no split
+    "split_programs": None,   # None: 4 x multiprocessors, the programs a split batch aims at
+    "min_partition": 128,     # fewest tokens per split (a short context gets fewer splits)
+    "max_partition": 1024,    # most (a long one gets more splits than the batch asks for)
 }
 # H200, 2026-12-02 (BENCHMARKS.md): 128 x 64 tiles, 4 warps, 3 stages run a lone 8,192-token
 # chunk over 16K of context in 3.4 ms against 4.0 for 64 x 64, and the 16K-document engine
@@ -56,6 +61,14 @@ def _target_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return 8
     return 2 * sm_count(device)
+
+
+def _split_programs(device: torch.device) -> int:
+    if DECODE_CONFIG["split_programs"] is not None:
+        return DECODE_CONFIG["split_programs"]
+    if device.type != "cuda":
+        return 16
+    return 4 * sm_count(device)
 
 
 def _is_fp8(dtype: torch.dtype) -> bool:
@@ -106,9 +119,23 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 # -- decode ------------------------------------------------------------------------------
 
-@triton.jit(do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
+@triton.jit
+def _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per split of a row with `ctx` tokens: `want` splits (what the batch needs
+    to fill the GPU), more for a context longer than `want x max_part`, fewer for one
+    shorter than `want x min_part`, never more than the grid's `num_splits`; a multiple
+    of BLOCK_N. The reduction pass computes the same, so both agree on the splits used."""
+    s = tl.minimum(tl.maximum(want, tl.cdiv(ctx, max_part)), tl.cdiv(ctx, min_part))
+    s = tl.maximum(tl.minimum(s, num_splits), 1)
+    return tl.maximum(tl.cdiv(tl.cdiv(ctx, s), BLOCK_N) * BLOCK_N, BLOCK_N)
+
+
+# The split plan's integers change with the batch: not specialized (a new "is it 1 or a
+# multiple of 16" pattern would compile a variant inside a serving step).
+@triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
+            do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr,
-                   qk_scale, k_scale, v_scale, part, num_splits,
+                   qk_scale, k_scale, v_scale, want, min_part, max_part, num_splits,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    stride_cblk, stride_ctok, stride_ch,
                    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -119,8 +146,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
-    lo = sp * part
-    hi = tl.minimum(lo + part, ctx)
+    if DIRECT:
+        lo = 0
+        hi = ctx
+    else:
+        part = _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N)
+        lo = sp * part
+        hi = tl.minimum(lo + part, ctx)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
@@ -167,15 +199,16 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=smask[:, None])
 
 
-@triton.jit(do_not_specialize_on_alignment=["ctx_ptr"])
-def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, part, num_splits,
-                          stride_ob, stride_oh,
+@triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
+            do_not_specialize_on_alignment=["ctx_ptr"])
+def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, want, min_part, max_part,
+                          num_splits, stride_ob, stride_oh,
                           NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          SPLITS_PAD: tl.constexpr):
+                          BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
-    used = tl.cdiv(ctx, part)
+    used = tl.cdiv(ctx, _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N))
     s = tl.arange(0, SPLITS_PAD)
     smask = s < used
     row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + s
@@ -193,20 +226,39 @@ def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, part, num_splits,
              mask=d < D)
 
 
-def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.device) -> tuple[int, int]:
-    """(partition tokens, number of splits) for a decode launch. Depends only on static
-    sizes (batch, block-table width), never on device values."""
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a decode launch splits contexts: the grid's split count (1: no split, each
+    program reads its row's whole context) and what each row's split count is chosen
+    from on the device (`_row_partition`)."""
+
+    splits: int
+    want: int = 1
+    min_part: int = 1
+    max_part: int = 1
+
+
+def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.device) -> DecodePlan:
+    """The split plan for a decode launch over block tables `max_ctx` tokens wide. Depends
+    only on static sizes (batch, width), never on device values: a CUDA graph holds it.
+
+    A batch with batch x kv heads >= `target_programs` fills the GPU alone: no split.
+    Below that, rows aim at `split_programs` programs in all (H200, 2026-12-02 sweep:
+    B=64 over 1,700 tokens ran 62.5 us a layer in 2 splits against 68.4 in the 4 the old
+    width-based plan gave, B=16 over 6,000 tokens 56 us in 6-8 against 63 in 47). Each
+    row's count comes from its own context, bounded by min/max tokens per split, so a
+    900-token row in a 2K-wide graph does not take a 1,700-token row's splits."""
     max_ctx = max(max_ctx, 1)
     progs = batch * num_kv_heads
     if progs >= _target_programs(device):
-        return max_ctx, 1
+        return DecodePlan(1)
     cfg = DECODE_CONFIG
-    # Measured on the H200 (BENCHMARKS.md): 128 tokens per split at batch 1, 512 at 64.
-    part = min(max(_pow2(2 * progs), cfg.get("min_partition", 0)), cfg["partition"])
-    part = -(-max(part, cfg["block_n"]) // cfg["block_n"]) * cfg["block_n"]
-    if part >= max_ctx:
-        return max_ctx, 1
-    return part, triton.cdiv(max_ctx, part)
+    block_n = cfg["block_n"]
+    lo = -(-max(cfg["min_partition"], block_n) // block_n) * block_n
+    hi = max(-(-cfg["max_partition"] // block_n) * block_n, lo)
+    want = max(1, _split_programs(device) // progs)
+    splits = max(1, min(max(want, triton.cdiv(max_ctx, hi)), triton.cdiv(max_ctx, lo)))
+    return DecodePlan(splits, want, lo, hi)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -226,7 +278,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cfg = DECODE_CONFIG
     block_n = cfg["block_n"]
     block_d = max(16, _pow2(head_dim))
-    part, splits = decode_plan(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+    plan = decode_plan(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+    splits = plan.splits
     direct = splits == 1
     if direct:
         ml = acc = out   # unused
@@ -236,7 +289,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                           device=q.device)
     _decode_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
-        float(scale) * _LOG2E, float(k_scale), float(v_scale), part, splits,
+        float(scale) * _LOG2E, float(k_scale), float(v_scale), plan.want, plan.min_part,
+        plan.max_part, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
@@ -244,9 +298,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
-            ml, acc, context_lens, out, part, splits, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d, SPLITS_PAD=_pow2(splits),
-            num_warps=4)
+            ml, acc, context_lens, out, plan.want, plan.min_part, plan.max_part, splits,
+            out.stride(0), out.stride(1), NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d,
+            BLOCK_N=block_n, SPLITS_PAD=_pow2(splits), num_warps=4)
     return out
 
 

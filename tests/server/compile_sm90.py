@@ -1,4 +1,4 @@
-"""Compile the quantized-GEMM, prefill-attention and rotary + KV-write Triton kernels for sm_90 (H100/H200) on a machine
+"""Compile the quantized-GEMM, attention and rotary + KV-write Triton kernels for sm_90 (H100/H200) on a machine
 without a GPU: Triton's own front end and the ptxas it ships, with the launch configs
 that `triton_quant` ships. The interpreter runs kernel bodies as Python and accepts code
 the compiler refuses (a constexpr reassigned in an unrolled loop cost a device call on
@@ -39,6 +39,12 @@ def main() -> int:
             "v_ptr": "*bf16", "qo_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16",
             "k_scale": "fp32", "v_scale": "fp32"}
     rope_cx = {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "QUANT": False}
+    dc = ta.DECODE_CONFIG
+    dec = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "bt_ptr": "*i32",
+           "ctx_ptr": "*i64", "out_ptr": "*bf16", "ml_ptr": "*fp32", "acc_ptr": "*fp32",
+           "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
+    dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
+              "BLOCK_N": dc["block_n"], "FP8": False, "F32": False}
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
@@ -77,6 +83,12 @@ def main() -> int:
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
+        ("decode attention, split", ta._decode_kernel, dec, {**dec_cx, "DIRECT": False},
+         dc["num_warps"], dc["num_stages"]),
+        ("decode attention, direct", ta._decode_kernel, dec, {**dec_cx, "DIRECT": True},
+         dc["num_warps"], dc["num_stages"]),
+        ("decode reduce", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
+         "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8}, 4, 2),
         # Qwen2.5-7B's heads; positions and slots arrive as int64 staging slices
         ("rotary + KV write", tr._rotary_store_kernel, rope, rope_cx, 4, 2),
         ("rotary + KV write, fp8 cache", tr._rotary_store_kernel,

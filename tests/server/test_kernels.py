@@ -42,7 +42,8 @@ def small_tiles(monkeypatch):
     """Tiles small enough that the interpreter is quick and every loop runs several
     times; a low program target so the decode split-K path is exercised."""
     monkeypatch.setitem(triton_attention.DECODE_CONFIG, "block_n", 16)
-    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "partition", 32)
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "min_partition", 16)
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "max_partition", 32)
     monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", 8)
     monkeypatch.setitem(triton_attention.PREFILL_CONFIG, "block_m", 16)
     monkeypatch.setitem(triton_attention.PREFILL_CONFIG, "block_n", 16)
@@ -142,19 +143,59 @@ def test_decode_split_and_direct_paths_agree(monkeypatch):
     for target in (1, 1000):
         monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", target)
         outs.append(triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2))
-    assert triton_attention.decode_plan(3, 2, tables.shape[1] * 16, q.device)[1] > 1
+    assert triton_attention.decode_plan(3, 2, tables.shape[1] * 16, q.device).splits > 1
     for out in outs:
         assert rel_err(out, ref) <= TOL[torch.float16]
 
 
-def test_decode_padded_rows_are_zero():
+@pytest.mark.parametrize("want_programs", [1, 24, 4096])
+def test_decode_rows_pick_their_own_splits(monkeypatch, want_programs):
+    """One launch, rows of 1 to 700 tokens: each row's split count comes from its own
+    context (`_row_partition`) between the min and max tokens per split, capped by the
+    grid; the reduction pass must agree with the kernel on every row's splits."""
+    rng = random.Random(want_programs)
+    ctx = [700, 1, 33, 0, 64, 65, 300, 129]
+    bs, hk, hq, d = 16, 2, 4, 32
+    nb = sum(-(-c // bs) for c in ctx) + 3
+    kc, vc = make_cache(nb, bs, hk, d, torch.float32, 7)
+    tables = block_tables_for(ctx, bs, nb, rng)
+    ctx_t = torch.tensor(ctx, dtype=torch.int64, device=DEV)   # int64, as the runner stages it
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(3)).to(DEV)
+    for key, value in (("target_programs", 1 << 20), ("split_programs", want_programs),
+                       ("min_partition", 64), ("max_partition", 192), ("block_n", 32)):
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
+    plan = triton_attention.decode_plan(len(ctx), hk, tables.shape[1] * bs, q.device)
+    assert plan.splits > 1 and plan.min_part == 64 and plan.max_part == 192
+    out = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2)
+    ref = attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2)
+    rows = [i for i, c in enumerate(ctx) if c]   # the twin's empty row is NaN (0 / 0)
+    assert rel_err(out[rows], ref[rows]) <= TOL[torch.float32]
+    assert torch.equal(out[3].cpu(), torch.zeros(hq, d))   # the empty row
+
+
+def test_decode_plan(monkeypatch):
+    """No split once batch x kv heads fills the GPU; below, what the batch asks for,
+    bounded by the tokens per split over the table's width."""
+    for key, value in (("block_n", 64), ("min_partition", 128), ("max_partition", 1024),
+                       ("target_programs", None), ("split_programs", None)):
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
+    plan = triton_attention.decode_plan
+    cpu = torch.device("cpu")   # target 8 programs, 16 for split batches
+    assert plan(4, 2, 4096, cpu).splits == 1
+    p = plan(1, 2, 4096, cpu)   # 2 programs want 8 splits; 4,096 tokens need 4 of 1,024
+    assert (p.splits, p.want, p.min_part, p.max_part) == (8, 8, 128, 1024)
+    assert plan(1, 2, 300, cpu).splits == 3        # 300 tokens: at most 3 splits of 128
+    assert plan(1, 1, 100_000, cpu).splits == 98   # longer than want x 1,024: more splits
+
+
+def test_decode_padded_rows_are_zero(monkeypatch):
     """CUDA-graph padding rows have context 0: finite zeros, nothing read."""
     kc, vc = make_cache(4, 16, 1, 16, torch.float16, 3)
     tables = torch.zeros(2, 4, dtype=torch.int32, device=DEV)
     ctx_t = torch.tensor([20, 0], dtype=torch.int32, device=DEV)
     q = torch.randn(2, 2, 16).half().to(DEV)
     for target in (1, 1000):
-        triton_attention.DECODE_CONFIG["target_programs"] = target
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", target)
         out = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.25)
         assert torch.equal(out[1].float().cpu(), torch.zeros(2, 16))
         ref = attention.paged_decode_attention(q[:1], kc, vc, tables[:1], ctx_t[:1], 0.25)
