@@ -35,7 +35,13 @@ def _generate(model_dir, pieces: bool, prompts, params):
     stats = llm.stats()
     llm.engine.kv.check_whole()
     used = runner._pieces.num_steps if runner._pieces is not None else 0
-    return [o.outputs[0].token_ids for o in outs], stats, used
+
+    def logprobs(o):
+        def norm(lps):   # per position: {token id: logprob}, rounded past float noise
+            return [{k: round(v, 4) for k, v in d.items()} if d else None
+                    for d in (lps or [])]
+        return norm(o.prompt_logprobs), norm(o.outputs[0].logprobs)
+    return [(o.outputs[0].token_ids, logprobs(o)) for o in outs], stats, used
 
 
 def test_mixed_steps_through_the_pieces_give_the_plain_forwards_tokens(tiny_models):
@@ -47,12 +53,16 @@ def test_mixed_steps_through_the_pieces_give_the_plain_forwards_tokens(tiny_mode
     prompts = [shared + t for t in random_prompts(12, [5, 23], 512)] + random_prompts(13, [61, 9, 30], 512)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (7, 4, 9, 6)]
     params.append(SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=8, ignore_eos=True))
+    # Prompt logprobs read the hidden rows of a padded step; output logprobs its samples.
+    params[3] = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2,
+                               logprobs=3)
     plain, _, used_plain = _generate(model_dir, False, prompts, params)
     pieced, stats, used = _generate(model_dir, True, prompts, params)
     assert used_plain == 0 and used > 3           # mixed steps really ran through the pieces
     assert stats["prefix_cache_hits"] > 0
     assert pieced == plain
-    assert sum(len(set(s)) for s in plain) >= 3 * len(prompts)
+    assert sum(len(set(s)) for s, _ in plain) >= 3 * len(prompts)
+    assert plain[3][1][0] and plain[3][1][1]      # the logprobs were really there
 
 
 def test_a_deleted_engine_with_pieces_is_freed_at_once(tiny_models):
