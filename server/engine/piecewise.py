@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from pagefleet.server.engine.graph_capture import capture, capture_stream
 from pagefleet.server.models.decoder import AttentionMetadata, DecoderForCausalLM
 
 log = logging.getLogger("pagefleet.engine")
@@ -111,29 +112,15 @@ class PiecewiseGraphs:
         t0 = time.perf_counter()
         self.tok[2].fill_(-1)   # no K/V writes from the eager runs (slots of an earlier step)
         self.tok[3].fill_(-1)
-        # The capture stream is also the warm-up's: cuBLAS sets up a workspace per stream
-        # on first use, which must not happen inside a capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
         n = len(self.model.layers) + 1
-        with torch.inference_mode(), torch.cuda.stream(stream):
+        with torch.inference_mode(), capture_stream():
             for t in reversed(self.sizes):
                 meta = self._meta(t)
-                for i in range(n):
+                for i in range(n):   # warm-up: Triton compiles outside capture
                     self._piece(i, t, meta)
                 torch.cuda.synchronize()
-                graphs = []
-                # capture_begin/end rather than `torch.cuda.graph`, whose every entry
-                # runs gc.collect() and empty_cache(): ~30 ms, x 29 pieces x 31 sizes.
-                for i in range(n):
-                    g = torch.cuda.CUDAGraph()
-                    g.capture_begin(pool=pool)
-                    try:
-                        self._piece(i, t, meta)
-                    finally:
-                        g.capture_end()
-                    graphs.append(g)
-                self.graphs[t] = graphs
+                self.graphs[t] = [capture(lambda i=i: self._piece(i, t, meta), pool)[0]
+                                  for i in range(n)]
         torch.cuda.synchronize()
         torch.cuda.empty_cache()   # the eager runs' blocks, cached for the capture stream
         log.info("CUDA graphs: captured %d pieces for mixed steps (%d token counts, 16..%d) in "

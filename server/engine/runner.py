@@ -26,6 +26,7 @@ import torch
 
 from pagefleet.server.config import ConfigError, EngineConfig
 from pagefleet.server.engine.gemm_warmup import warm_gemm_kernels
+from pagefleet.server.engine.graph_capture import capture, capture_stream
 from pagefleet.server.engine.piecewise import PiecewiseGraphs, input_ids
 from pagefleet.server.engine.scheduler import SchedulerOutput
 from pagefleet.server.engine.staging import Staging
@@ -545,19 +546,18 @@ class ModelRunner:
                      " (--enforce-eager)" if self.config.enforce_eager else "", sizes)
             return
         t0 = time.perf_counter()
-        torch.cuda.empty_cache()   # capture empties the cache too: free memory counts the pool alone
+        torch.cuda.empty_cache()   # free memory before and after: the graphs' pool alone
         free_before = torch.cuda.mem_get_info(dev)[0]
         pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
+        with torch.inference_mode(), capture_stream():
             for bs in reversed(sizes):
                 for width in self._graph_widths(bs):
                     self._decode_forward(bs, width)   # warm-up: compiles outside capture
                     torch.cuda.synchronize(dev)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        out = self._decode_forward(bs, width)
-                    self._graphs[(bs, width)] = (graph, out)
+                    self._graphs[(bs, width)] = capture(
+                        lambda bs=bs, width=width: self._decode_forward(bs, width), pool)
         torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()   # the warm-up runs' blocks, cached for the capture stream
         used = free_before - torch.cuda.mem_get_info(dev)[0]
         log.info("CUDA graphs: captured %d decode graphs (batch 1..%d, context buckets %s "
                  "tokens) in %.1f s, %.2f GiB", len(self._graphs), max_bs,
@@ -568,9 +568,10 @@ class ModelRunner:
 
     def _graph_widths(self, bs: int) -> list[int]:
         """Block-table widths captured for batch `bs`. The decode kernel splits long
-        contexts when the batch alone cannot fill the GPU, and plans the split from the
-        table's width: small batches get a graph per context bucket (a 1K context does
-        not launch the splits of a 32K one); large batches never split, one width."""
+        contexts when the batch alone cannot fill the GPU, and sizes its grid of splits
+        from the table's width: small batches get a graph per context bucket (a 1K
+        context does not launch the split programs of a 32K one); large batches never
+        split, one width."""
         if not self._widths or self._fills_gpu(bs):
             return self._widths[-1:] if self._widths else [self.max_blocks]
         return self._widths
