@@ -32,13 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import phase_runner  # noqa: E402
+from phase_runner import log  # noqa: E402
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-trace"))
 BIG = Path(os.environ.get("PAGEFLEET_BENCH_MODEL", "/dev/shm/qwen2.5-7b-random"))
 FLAGS = dict(max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class Tracer:

@@ -55,20 +55,19 @@ PREFILL_SEQ_BLOCK = 256
 _LOG2E = 1.4426950408889634
 
 
+def _programs(key: str, device: torch.device, per_sm: int) -> int:
+    """DECODE_CONFIG[key], or `per_sm` programs per multiprocessor (4 per_sm on a CPU)."""
+    if DECODE_CONFIG[key] is not None:
+        return DECODE_CONFIG[key]
+    return per_sm * (sm_count(device) if device.type == "cuda" else 4)
+
+
 def _target_programs(device: torch.device) -> int:
-    if DECODE_CONFIG["target_programs"] is not None:
-        return DECODE_CONFIG["target_programs"]
-    if device.type != "cuda":
-        return 8
-    return 2 * sm_count(device)
+    return _programs("target_programs", device, 2)
 
 
 def _split_programs(device: torch.device) -> int:
-    if DECODE_CONFIG["split_programs"] is not None:
-        return DECODE_CONFIG["split_programs"]
-    if device.type != "cuda":
-        return 16
-    return 4 * sm_count(device)
+    return _programs("split_programs", device, 4)
 
 
 def _is_fp8(dtype: torch.dtype) -> bool:
