@@ -88,5 +88,12 @@ def format_report(s: dict) -> str:
     if s["errors_by_status"]:
         lines.append(row("Errors:", ", ".join(f"{k}: {v}" for k, v in
                                               sorted(s["errors_by_status"].items()))))
+    if "client_cpu_util" in s:
+        lines.append(row("Client CPU per process (cores):",
+                         " ".join(f"{c:.2f}" for c in s["client_cpu_util"])))
     lines.append("=" * 50)
+    if s.get("client_saturated"):
+        lines.append("WARNING: a client process was busy nearly a whole core: these figures "
+                     "measure the client as much as the server. Rerun with a larger "
+                     "--num-client-procs.")
     return "\n".join(lines)

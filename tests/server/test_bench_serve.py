@@ -8,7 +8,7 @@ import pytest
 
 from pagefleet.server.bench.cli import main as bench_main
 from pagefleet.server.bench.datasets import random_dataset
-from pagefleet.server.bench.report import RequestResult, summarize
+from pagefleet.server.bench.report import RequestResult, format_report, summarize
 from tests.server.helpers_serve import ThreadServer, metric
 
 FIGURES = ["completed", "failed", "duration", "request_throughput", "output_throughput",
@@ -47,6 +47,34 @@ def test_bench_serve_json(srv, tmp_path, capsys, endpoint, extra):
     assert data["p99_e2el_ms"] >= data["median_e2el_ms"] > 0
     if "--prefix-len" in extra:
         assert metric(srv.metrics(), "vllm:prefix_cache_hits_total") > queries_before
+
+
+def test_bench_spreads_requests_over_client_processes(srv, tmp_path, capsys):
+    """--num-client-procs 3: every request is sent once, by one of three processes, each
+    with its share of the concurrency limit; the report gives each one's CPU share."""
+    out = tmp_path / "procs.json"
+    rc = bench_main(["serve", "--base-url", srv.url, "--num-prompts", "10",
+                     "--random-input-len", "16", "--random-output-len", "6", "--ignore-eos",
+                     "--max-concurrency", "4", "--num-client-procs", "3",
+                     "--result-json", str(out), "--disable-tqdm"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["completed"] == 10 and data["failed"] == 0
+    assert data["total_output_tokens"] == 60 and data["num_client_procs"] == 3
+    assert len(data["client_cpu_util"]) == 3 and all(c >= 0 for c in data["client_cpu_util"])
+    assert data["duration"] > 0 and data["output_throughput"] == pytest.approx(60 / data["duration"])
+    assert "Client CPU per process" in capsys.readouterr().out
+
+
+def test_saturated_client_is_called_out():
+    rs = [RequestResult(success=True, prompt_len=4, output_tokens=2, ttft=0.1, itl=[0.1],
+                        latency=0.2)]
+    s = summarize(rs, duration=1.0)
+    s.update(client_cpu_util=[0.97, 0.4], client_saturated=True)
+    text = format_report(s)
+    assert "0.97 0.40" in text and "WARNING: a client process was busy" in text
+    s.update(client_cpu_util=[0.3], client_saturated=False)
+    assert "WARNING" not in format_report(s)
 
 
 def test_bench_counts_failures(srv, tmp_path, capsys):
