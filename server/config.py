@@ -48,6 +48,12 @@ KEEP_ALIVE_TIMEOUT_S = 75.0
 SHORT_PROMPT_OVERTAKE_S = 2.0
 
 
+# The CUDA graph modes offered (vLLM's names). vLLM's FULL and PIECEWISE alone are not:
+# whole-forward graphs for mixed steps cannot hold their attention, and pieces for pure
+# decodes would only be slower than the decode graphs.
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "NONE")
+
+
 class ConfigError(ValueError):
     """A setting is out of range or inconsistent; the message names the flag."""
 
@@ -104,6 +110,12 @@ class EngineConfig:
                                  choices=("fcfs", "priority"))
     enforce_eager: bool = opt(False, "Disable CUDA graphs (the decode graphs and the mixed "
                               "steps' piecewise graphs).")
+    cudagraph_mode: str = opt(
+        "FULL_AND_PIECEWISE", "Which steps replay CUDA graphs (vLLM's names): "
+        "FULL_AND_PIECEWISE: pure decodes as whole-forward graphs, mixed steps of up to "
+        "1,024 tokens as pieces around their attention kernels; FULL_DECODE_ONLY: pure "
+        "decodes only, mixed steps eager; NONE: no graphs (as --enforce-eager).",
+        choices=CUDAGRAPH_MODES)
     async_scheduling: bool = opt(True, "Queue the next decode step on the device before "
                                  "reading back this one's tokens, so host work overlaps "
                                  "the forward (outputs are the same).")
@@ -159,6 +171,8 @@ class EngineConfig:
              f"'uni' runs one process, but --tensor-parallel-size is "
              f"{self.tensor_parallel_size}; use 'mp'")
         need(self.max_logprobs >= 0, "max-logprobs", "must be >= 0")
+        need(self.cudagraph_mode in CUDAGRAPH_MODES, "cudagraph-mode",
+             f"must be one of {', '.join(CUDAGRAPH_MODES)}")
         need(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
              "quantization", f"must be one of {', '.join(QUANTIZATION_METHODS)}")
         if self.dtype == "half":

@@ -520,15 +520,18 @@ class ModelRunner:
         runs use the same padded shapes, so outputs with and without graphs are equal.
         `force` sets up the padded path without a GPU (tests run it eagerly on the CPU).
         Mixed steps of up to 1,024 tokens run through piecewise graphs (piecewise.py),
-        on one device and unless --enforce-eager; `pieces` overrides that choice (tests
-        run the pieces eagerly on the CPU).
+        on one device with --cudagraph-mode FULL_AND_PIECEWISE (the default); `pieces`
+        overrides that choice (tests run the pieces eagerly on the CPU).
         """
         self._graphs.clear()
         self._pieces = None
         if not (force or getattr(self.ops, "graph_safe", False)):
             self._decode_sizes = []
             return
-        if pieces if pieces is not None else (self.tp is None and not self.config.enforce_eager):
+        if pieces is None:
+            pieces = (self.tp is None and not self._graphs_off()
+                      and self.config.cudagraph_mode == "FULL_AND_PIECEWISE")
+        if pieces:
             self._pieces = PiecewiseGraphs(self.model, self.last_tokens,
                                            self.config.max_num_batched_tokens, self.device,
                                            self.dtype)
@@ -541,9 +544,10 @@ class ModelRunner:
         self._g_tok[2].fill_(-1)
         self._g_tok[3].fill_(-1)
         self._g_row = torch.zeros(2, max_bs, dtype=torch.long, device=dev)
-        if self.config.enforce_eager or dev.type != "cuda":
+        if self._graphs_off() or dev.type != "cuda":
             log.info("CUDA graphs off%s; decode batches padded to %s",
-                     " (--enforce-eager)" if self.config.enforce_eager else "", sizes)
+                     " (--enforce-eager or --cudagraph-mode NONE)" if self._graphs_off() else "",
+                     sizes)
             return
         t0 = time.perf_counter()
         torch.cuda.empty_cache()   # free memory before and after: the graphs' pool alone
@@ -565,6 +569,9 @@ class ModelRunner:
                  used / GiB)
         if self._pieces is not None:
             self._pieces.capture(pool)
+
+    def _graphs_off(self) -> bool:
+        return self.config.enforce_eager or self.config.cudagraph_mode == "NONE"
 
     def _graph_widths(self, bs: int) -> list[int]:
         """Block-table widths captured for batch `bs`. The decode kernel splits long

@@ -86,3 +86,30 @@ def test_a_deleted_engine_with_pieces_is_freed_at_once(tiny_models):
         assert alive() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("mode,pieces,decode_graphs", [("FULL_AND_PIECEWISE", True, True),
+                                                       ("FULL_DECODE_ONLY", False, True),
+                                                       ("NONE", False, False)])
+def test_cudagraph_mode_picks_what_is_graphed(tiny_models, mode, pieces, decode_graphs):
+    """--cudagraph-mode (vLLM's names) turns the pieces off alone, or every graph; the
+    runner's padded decode path stays (its shapes are the graphs' either way)."""
+    model_dir = tiny_models("qwen3-pieces", arch="qwen3", num_layers=2)
+    llm = LLM(model_dir, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=40,
+              block_size=16, cudagraph_mode=mode)
+    runner = llm.engine.runner
+    runner._setup_decode_path(force=True)
+    assert (runner._pieces is not None) is pieces
+    assert runner._graphs_off() is not decode_graphs
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))[0].outputs
+
+
+def test_cudagraph_mode_flag_is_checked_at_the_edge():
+    from pagefleet.server.cli import build_configs
+    from pagefleet.server.config import ConfigError, EngineConfig
+    engine, _, _ = build_configs(["some/model", "--cudagraph-mode", "FULL_DECODE_ONLY"])
+    assert engine.cudagraph_mode == "FULL_DECODE_ONLY"
+    with pytest.raises(SystemExit):   # argparse: not one of the choices
+        build_configs(["some/model", "--cudagraph-mode", "PIECEWISE"])
+    with pytest.raises(ConfigError, match="cudagraph-mode: must be one of FULL_AND_PIECEWISE"):
+        EngineConfig(model="m", cudagraph_mode="FULL").validate()
