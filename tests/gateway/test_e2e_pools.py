@@ -130,7 +130,9 @@ def test_streaming_through_the_gateway_command_is_byte_identical(backends, tmp_p
             via = b"".join(r.iter_raw())
         sent = tap.response_body(rid.encode())
         assert via == sent
-        assert via.count(b"data: ") >= 10 and via.endswith(b"data: [DONE]\n\n")
+        # Several events, whatever the timing: the server puts every token that is ready
+        # into one chunk, so on a loaded machine 24 tokens came in 6 events, not 24.
+        assert via.count(b"data: ") >= 3 and via.endswith(b"data: [DONE]\n\n")
         assert b'"usage":{"prompt_tokens"' in via
         # The id names the request in both logs.
         wait_for(lambda: f"request {rid}:" in gw.output(), 10, what="gateway log line")
