@@ -109,6 +109,8 @@ class PiecewiseGraphs:
     def capture(self, pool) -> None:
         """Capture every size's pieces (largest first, one memory pool), after one eager
         run of each size (Triton compiles outside capture)."""
+        if not self.sizes:   # --max-num-batched-tokens 1: no mixed step is small enough
+            return
         t0 = time.perf_counter()
         self.tok[2].fill_(-1)   # no K/V writes from the eager runs (slots of an earlier step)
         self.tok[3].fill_(-1)

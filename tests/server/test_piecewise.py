@@ -24,6 +24,7 @@ def test_piece_sizes():
     assert all((b - a) * 8 <= b for a, b in itertools.pairwise(sizes) if a >= 128)
     assert piece_sizes(100) == [16, 32, 48, 64, 80, 96, 100]   # the cap is a size itself
     assert piece_sizes(16) == [16]
+    assert piece_sizes(1) == []    # one token a step: never a mixed step to capture
 
 
 def _generate(model_dir, pieces: bool, prompts, params):
