@@ -33,7 +33,7 @@ from pagefleet.server.engine import faults, warmup
 from pagefleet.server.engine.kv_cache import CacheStats, KVCacheManager
 from pagefleet.server.engine.protocol import (CoreAbort, CoreFailure, CoreOutput, CoreOutputs,
                                               CoreReady, CoreRequest, CoreStats, Logprobs)
-from pagefleet.server.engine.request import Request, Status
+from pagefleet.server.engine.request import Request
 from pagefleet.server.engine.runner import StagedStep, resolve_device
 from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
 from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput

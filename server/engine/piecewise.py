@@ -25,6 +25,7 @@ all-reduces, which is fine in principle, but no multi-GPU machine has run it.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 
@@ -58,7 +59,8 @@ def piece_sizes(max_tokens: int) -> list[int]:
 
 class PiecewiseGraphs:
     """The pieces of `model`'s forward per padded token count, and how to run a step
-    through them. `capture=False` runs the very same pieces eagerly (CPU tests)."""
+    through them. Until `capture` has run (never on a CPU: the tests), `run` calls the
+    very same pieces eagerly."""
 
     def __init__(self, model: DecoderForCausalLM, last_tokens: torch.Tensor, max_tokens: int,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -82,9 +84,8 @@ class PiecewiseGraphs:
 
     def size_for(self, num_tokens: int) -> int:
         """The padded token count for a step of `num_tokens`, or 0 (run it eagerly)."""
-        if not self.sizes or num_tokens > self.sizes[-1]:
-            return 0
-        return next(t for t in self.sizes if t >= num_tokens)
+        i = bisect.bisect_left(self.sizes, num_tokens)
+        return self.sizes[i] if i < len(self.sizes) else 0
 
     def _meta(self, t: int) -> AttentionMetadata:
         """What the pieces read of the metadata: positions and slots (static slices)."""

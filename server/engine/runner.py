@@ -493,7 +493,7 @@ class ModelRunner:
             hidden = self._pieces.run(step.pieces, tok, meta, step.num_tokens)
             hidden = hidden[:step.num_tokens]
         else:
-            hidden = self.model(self._input_ids(tok[0], tok[3]), meta)
+            hidden = self.model(input_ids(self.last_tokens, tok[0], tok[3]), meta)
         if step.prompt_logprobs is not None:
             step.prompt_logprobs.compute(self.model, hidden, st)
         if step.num_samples == 0:
@@ -507,9 +507,6 @@ class ModelRunner:
         (their vocabulary shards went to rank 0)."""
         logits = self.model.compute_logits(hidden)
         return logits.float() if logits is not None else None
-
-    def _input_ids(self, ids: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
-        return input_ids(self.last_tokens, ids, pending)
 
     # -- padded decode batches and CUDA graphs ------------------------------------------
     last_prepare_s = 0.0
@@ -605,7 +602,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             positions=tok[1], slot_mapping=tok[2], cu_seqlens_q=row[0][:0],
             context_lens=row[0], block_tables=tables, max_query_len=1, num_decodes=bs)
-        return self.model(self._input_ids(tok[0], tok[3]), meta)
+        return self.model(input_ids(self.last_tokens, tok[0], tok[3]), meta)
 
 
 # Larger decode batches run eagerly. vLLM caps its captures at 512, but an eager decode

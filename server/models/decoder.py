@@ -211,7 +211,7 @@ class DecoderLayer(nn.Module):
         return self.attn_out(self.self_attn.attend(q, meta), residual)
 
     # The layer around its attention kernels, in two halves: a piecewise CUDA graph
-    # (runner.py) captures everything between two layers' attention calls.
+    # (engine/piecewise.py) captures everything between two layers' attention calls.
     def attn_in(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, residual): the input norm, q/k/v, rotary and the K/V write."""
