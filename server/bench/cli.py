@@ -116,9 +116,9 @@ async def _send_all(url: str, endpoint: str, model: str, headers: dict, samples:
                     rate: float, limit: int, seed: int, timeout: float, start_at: float,
                     ignore_eos: bool, progress: Progress) -> tuple[list, float, float]:
     """This process's share: (results, first send, last result) in time.time()."""
-    limits = httpx.Limits(max_connections=max(limit, 1), max_keepalive_connections=max(limit, 1))
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     rng = random.Random(seed)
-    sem = asyncio.Semaphore(max(limit, 1))
+    sem = asyncio.Semaphore(limit)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0),
                                  limits=limits) as client:
         async def one(sample):
@@ -157,18 +157,17 @@ def _client_proc(job: tuple, conn) -> None:
     conn.close()
 
 
-async def _run_procs(n: int, url: str, args, model: str, headers: dict,
-                     samples: list) -> tuple[list, float, list[float]]:
+async def _run_procs(n: int, url: str, args, model: str, headers: dict, samples: list,
+                     limit: int) -> tuple[list, float, list[float]]:
     """The samples over `n` client processes (round robin; each gets 1/n of the rate and
-    of the concurrency limit), all starting at one wall-clock time."""
+    of the concurrency limit, n <= limit), all starting at one wall-clock time."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
-    limit = args.max_concurrency or args.num_prompts
     children = []
     try:
         for k in range(n):
             job = (url, args.endpoint, model, headers, samples[k::n], args.request_rate / n,
-                   max(1, limit // n + (1 if k < limit % n else 0)), args.seed + k,
+                   limit // n + (1 if k < limit % n else 0), args.seed + k,
                    args.timeout, args.ignore_eos)
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_client_proc, args=(job, child), daemon=True)
@@ -221,17 +220,19 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                              seed=args.seed, prefix_len=prefix_len,
                              num_prefixes=args.num_prefixes, tokens_per_word=tpw)
     url = base + args.endpoint
-    procs = max(1, min(args.num_client_procs, len(samples)))
+    limit = max(1, args.max_concurrency or args.num_prompts)
+    procs = max(1, min(args.num_client_procs, len(samples), limit))   # each one >= 1 slot
     if procs == 1:
         cpu0 = _cpu_seconds()
         results, t0, t1 = await _send_all(
-            url, args.endpoint, model, headers, samples, args.request_rate,
-            args.max_concurrency or args.num_prompts, args.seed, args.timeout, time.time(),
-            args.ignore_eos, Progress(len(samples), not args.disable_tqdm))
+            url, args.endpoint, model, headers, samples, args.request_rate, limit, args.seed,
+            args.timeout, time.time(), args.ignore_eos,
+            Progress(len(samples), not args.disable_tqdm))
         duration = t1 - t0
         cpu = [(_cpu_seconds() - cpu0) / duration if duration > 0 else 0.0]
     else:
-        results, duration, cpu = await _run_procs(procs, url, args, model, headers, samples)
+        results, duration, cpu = await _run_procs(procs, url, args, model, headers, samples,
+                                                  limit)
     summary = summarize(results, duration)
     summary.update({
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),

@@ -64,6 +64,13 @@ def test_bench_spreads_requests_over_client_processes(srv, tmp_path, capsys):
     assert len(data["client_cpu_util"]) == 3 and all(c >= 0 for c in data["client_cpu_util"])
     assert data["duration"] > 0 and data["output_throughput"] == pytest.approx(60 / data["duration"])
     assert "Client CPU per process" in capsys.readouterr().out
+    # More processes than --max-concurrency: as many processes as slots, one slot each.
+    rc = bench_main(["serve", "--base-url", srv.url, "--num-prompts", "4",
+                     "--random-input-len", "16", "--random-output-len", "4", "--ignore-eos",
+                     "--max-concurrency", "2", "--num-client-procs", "3",
+                     "--result-json", str(out), "--disable-tqdm"])
+    data = json.loads(out.read_text())
+    assert rc == 0 and data["completed"] == 4 and data["num_client_procs"] == 2
 
 
 def test_saturated_client_is_called_out():
