@@ -7,9 +7,12 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -31,5 +34,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows and d:
         block = min(triton.next_power_of_2(d), 1024)
         _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, d, x2.stride(0),
-                                                             BLOCK=block, num_warps=4)
+                                                             BLOCK=block, num_warps=4, **launch_opts())
     return out

@@ -33,3 +33,44 @@ def dot(a, b, F32: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")   # float32 models: no tf32 rounding
     else:
         return tl.dot(a, b)
+
+
+# -- programmatic dependent launch (PDL) ------------------------------------------------------
+# A decode step at batch 1 is ~300 small kernels, and each one's launch waits for the one
+# before it to retire: a few microseconds per boundary that no kernel does any work in.
+# With PDL (Hopper and later) a kernel is launched while its predecessor's last blocks
+# are still running; it then waits in `pdl_wait` (griddepcontrol.wait) until that
+# predecessor has finished and its writes are visible. Every kernel launched with
+# `launch_opts()` calls `pdl_wait(PDL)` before its first memory access, so it computes
+# exactly what a plainly launched kernel does; only the launch latency overlaps.
+# PAGEFLEET_PDL=0 turns it off (and the interpreter never uses it).
+_PDL: bool | None = None
+
+
+def pdl() -> bool:
+    """Whether kernels launch with PDL here: decided once per process, at the first launch
+    (not at import: the API process imports this module and must not touch CUDA)."""
+    global _PDL
+    if _PDL is None:
+        ok = not INTERPRET and os.environ.get("PAGEFLEET_PDL", "1") != "0"
+        if ok:
+            try:
+                from triton.language.extra.cuda import gdc_wait  # noqa: F401
+                ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+            except ImportError:   # a Triton without grid dependency control
+                ok = False
+        _PDL = ok
+    return _PDL
+
+
+def launch_opts() -> dict:
+    """Keyword arguments for a launch of a kernel that takes `PDL: tl.constexpr` and
+    starts with `pdl_wait(PDL)`."""
+    return {"PDL": True, "launch_pdl": True} if pdl() else {"PDL": False}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait until the kernel before this one has finished (a no-op without PDL)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()

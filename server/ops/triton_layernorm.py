@@ -11,11 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, n_inner,
                      stride_x0, stride_x1, stride_r0, stride_r1, N: tl.constexpr,
-                     BLOCK: tl.constexpr, ADD: tl.constexpr):
+                     BLOCK: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     outer = row // n_inner
     inner = row % n_inner
@@ -60,7 +63,7 @@ def _launch(x, residual, weight, eps, add):
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(rows,)](
             x, residual if add else x, weight, out, res_out, float(eps), n_inner, s0, s1, r0, r1,
-            N=n, BLOCK=block, ADD=add, num_warps=min(max(block // 512, 1), 8))
+            N=n, BLOCK=block, ADD=add, num_warps=min(max(block // 512, 1), 8), **launch_opts())
     return out, res_out
 
 

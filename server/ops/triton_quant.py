@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from pagefleet.server.ops import quant as twin
+from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
 from pagefleet.server.ops.triton_common import sm_count
@@ -135,13 +136,14 @@ def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
     block = 1024
     _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
         out, bias if bias is not None else out, res, m * n, n, SPLITS=splits,
-        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **launch_opts())
     return res
 
 
 @triton.jit(do_not_specialize=["MN"])   # tokens x N: changes every step
 def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -177,10 +179,11 @@ def _q_minus_z(words, z):
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GPT: tl.constexpr):
+                    GPT: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words."""
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
@@ -228,7 +231,8 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
 def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, F32: tl.constexpr):
+                    BLOCK_K: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -263,8 +267,9 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride
 
 @triton.jit
 def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, R, group_size, HAS_ZERO: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """`[BLOCK_R, BLOCK_N]` words -> rows `8r + i` of the `[K, N]` weight (coalesced on N)."""
+    pdl_wait(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_r < R)[:, None] & (offs_n < N)[None, :]
@@ -289,7 +294,7 @@ def w4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     br, bn = W4_CONFIG["dequant_block_r"], W4_CONFIG["dequant_block_n"]
     _w4_dequant_kernel[(triton.cdiv(r, br), triton.cdiv(n, bn))](
         qweight, scales, zeros if zeros is not None else scales, out, n, r, group_size,
-        HAS_ZERO=zeros is not None, BLOCK_R=br, BLOCK_N=bn, num_warps=4)
+        HAS_ZERO=zeros is not None, BLOCK_R=br, BLOCK_N=bn, num_warps=4, **launch_opts())
     return out
 
 
@@ -323,7 +328,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
             group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, GPT=gpt, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+            BLOCK_K=bk, GPT=gpt, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -333,7 +338,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             x, qweight, scales, zp, bp, out, m, n, k, x.stride(0), out.stride(0), out.stride(1),
             group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_M=bm,
             BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, num_warps=cfg["gemm_warps"],
-            num_stages=cfg["gemm_stages"])
+            num_stages=cfg["gemm_stages"], **launch_opts())
     return _finish(out, splits, bias, x.dtype)
 
 
@@ -342,7 +347,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
                      stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
@@ -379,9 +385,10 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stri
                      stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
                      ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr):
     """W8A8 False: x in its dtype, fp8 weights upcast (w8a16). W8A8 True: x is e4m3
     with per-row scales `as_ptr`, an fp8 x fp8 dot."""
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -422,7 +429,8 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stri
 
 @triton.jit
 def _fp8_act_quant_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_xm,
-                          STATIC: tl.constexpr, BLOCK: tl.constexpr):
+                          STATIC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     m = tl.program_id(0)
     row = x_ptr + m.to(tl.int64) * stride_xm
     if STATIC:
@@ -453,7 +461,7 @@ def quantize_fp8_per_token(x: torch.Tensor, input_scale: torch.Tensor | None = N
         block = min(FP8_CONFIG["act_block"], triton.next_power_of_2(k))
         _fp8_act_quant_kernel[(m,)](x, q, s, input_scale if input_scale is not None else s,
                                     k, x.stride(0), STATIC=input_scale is not None, BLOCK=block,
-                                    num_warps=4)
+                                    num_warps=4, **launch_opts())
     return q, s
 
 
@@ -496,7 +504,7 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
             out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"])
+            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
@@ -509,7 +517,7 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             x, weight, ws, a_scale if a_scale is not None else ws, bp, out, m, n, k,
             x.stride(0), ws.stride(0), out.stride(0), out.stride(1), per, bn_s, bk_s,
             ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            F32=_INTERPRET, num_warps=warps, num_stages=stages)
+            F32=_INTERPRET, num_warps=warps, num_stages=stages, **launch_opts())
     return _finish(out, splits, bias, dtype)
 
 

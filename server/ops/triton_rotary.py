@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
+
 
 @triton.jit
 def _rotated(x_ptr, cos, sin, t, stride_t, stride_h, H, dt, HALF: tl.constexpr,
@@ -51,7 +53,8 @@ def _cos_sin(pos_ptr, cs_ptr, t, dt, HALF: tl.constexpr):
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr"])   # staging slices: any offset
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cs_ptr, qo_ptr, ko_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, HQ, HK,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0)
     cos, sin = _cos_sin(pos_ptr, cs_ptr, t, qo_ptr.dtype.element_ty, HALF)
     _rotate(q_ptr, qo_ptr, cos, sin, t, stride_qt, stride_qh, HQ, HALF, BLOCK_HQ)
@@ -62,9 +65,10 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cs_ptr, qo_ptr, ko_ptr,
 def _rotary_store_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, qo_ptr, kc_ptr, vc_ptr,
                          k_scale, v_scale, stride_qt, stride_qh, stride_kt, stride_kh,
                          stride_vt, stride_vh, HQ, HK, HALF: tl.constexpr,
-                         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QUANT: tl.constexpr):
+                         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
     """Rotary on q (to qo) and k, and k and v written straight into the cache slot:
     the rotated k never goes through memory, and one launch does what two did."""
+    pdl_wait(PDL)
     t = tl.program_id(0)
     dt = qo_ptr.dtype.element_ty
     cos, sin = _cos_sin(pos_ptr, cs_ptr, t, dt, HALF)
@@ -110,7 +114,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         _rotary_kernel[(n,)](positions, q, k, cs, qo, ko, q.stride(0), q.stride(1),
                              k.stride(0), k.stride(1), hq, hk, HALF=d // 2,
                              BLOCK_HQ=triton.next_power_of_2(hq),
-                             BLOCK_HK=triton.next_power_of_2(hk), num_warps=4)
+                             BLOCK_HK=triton.next_power_of_2(hk), num_warps=4, **launch_opts())
     return qo, ko
 
 
@@ -137,5 +141,5 @@ def rotary_and_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             positions, slot_mapping, q, k, v, cs, qo, k_cache, v_cache, float(k_scale),
             float(v_scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), hq, hk, HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq),
-            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype, num_warps=4)
+            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype, num_warps=4, **launch_opts())
     return qo

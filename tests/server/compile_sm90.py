@@ -74,12 +74,14 @@ def main() -> int:
          f8["w8a8_warps"], f8["w8a8_stages"]),
         ("prefill attention", ta._prefill_kernel, attn, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
-         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False},
+         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
+         "LONGEST_FIRST": True},
          pf["num_warps"], pf["num_stages"]),
         ("prefill attention, fp8 cache", ta._prefill_kernel,
          {**attn, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
-         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False},
+         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False,
+         "LONGEST_FIRST": True},
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
@@ -96,9 +98,11 @@ def main() -> int:
     ]
     failed = 0
     for name, fn, ptrs, cx, warps, stages in cases:
+        cx = {**cx, "PDL": True}   # as launched on sm_90: programmatic dependent launch
         try:
             src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
-            triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+            triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages,
+                                                        "launch_pdl": True})
             print(f"ok {name}")
         except Exception as e:   # noqa: BLE001 - report every kernel, then fail
             failed += 1
@@ -116,13 +120,15 @@ def ptxas_usage(target, fn, ptrs: dict, cx: dict, warps: int, stages: int,
     import re
 
     from triton import knobs
+    cx = {**cx, "PDL": True}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
     log = io.StringIO()
     with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
         knobs.nvidia.dump_ptxas_log = True
         knobs.compilation.always_compile = True
-        triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+        triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages,
+                                                    "launch_pdl": True})
     text = log.getvalue()
     regs = re.search(r"Used (\d+) registers", text)
     spills = re.search(r"(\d+) bytes spill stores", text)
@@ -135,7 +141,8 @@ def metadata_dtype_costs_nothing(target, attn: dict, pf: dict) -> bool:
     128-row tiles it spilled 1,092 B against 360 B."""
     name = "prefill attention: int64 step metadata, the registers of int32"
     cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
-          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False}
+          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
+          "LONGEST_FIRST": True}
     aligned = ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot",
                "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
     try:

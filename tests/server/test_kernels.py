@@ -214,11 +214,19 @@ PREFILL_CASES = [
 ]
 
 
+# Launch orders (PREFILL_CONFIG["longest_first"]): heads fastest with each sequence's last
+# tiles first (shipped), and tiles fastest in order; both must equal the twin.
+PREFILL_VARIANTS = [dict(longest_first=True), dict(longest_first=False)]
+PREFILL_DTYPES = [(torch.float16, torch.float16, 0), (torch.bfloat16, torch.bfloat16, 0),
+                  (torch.bfloat16, FP8, 0), (torch.float32, torch.float32, 0),
+                  (torch.bfloat16, FP8, 1), (torch.float32, torch.float32, 1)]
+
+
 @pytest.mark.parametrize("case", PREFILL_CASES)
-@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float16, torch.float16),
-                                            (torch.bfloat16, torch.bfloat16),
-                                            (torch.bfloat16, FP8), (torch.float32, torch.float32)])
-def test_prefill_attention(case, dtype, kv_dtype):
+@pytest.mark.parametrize("dtype,kv_dtype,variant", PREFILL_DTYPES)
+def test_prefill_attention(case, dtype, kv_dtype, variant, monkeypatch):
+    for key, value in PREFILL_VARIANTS[variant].items():
+        monkeypatch.setitem(triton_attention.PREFILL_CONFIG, key, value)
     hq, hk, d, bs, seqs = case
     rng = random.Random(hash((hq, hk, d, bs, len(seqs))))
     ctx = [p + n for p, n in seqs]
