@@ -213,13 +213,17 @@ def phase_kernels(args) -> dict:
     w4_fn = lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"]))          # noqa: E731
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps,
+             gemv_xvec=xv)
         # 128-row groups: a 512-row tile is 4 groups (64 x 128 was the 2026-12-01 pick,
-        # when tiles could not span groups and 512 meant 128)
-        for bn, bk, nw, pps in ((64, 128, 4, 4), (64, 512, 4, 4), (64, 1024, 4, 4),
-                                (32, 512, 4, 4), (32, 1024, 4, 4), (128, 512, 8, 4),
-                                (128, 256, 4, 4), (64, 256, 4, 4), (64, 512, 4, 8),
-                                (64, 512, 8, 4), (256, 256, 8, 4))],
+        # when tiles could not span groups and 512 meant 128); gemv_xvec: one vector
+        # load per word row's activations (fewer instructions per nibble, sass_loop.py)
+        for bn, bk, nw, pps, xv in ((64, 128, 4, 4, False), (64, 512, 4, 4, False),
+                                    (32, 512, 4, 4, False), (32, 1024, 4, 4, False),
+                                    (128, 256, 4, 4, False), (64, 512, 8, 4, False),
+                                    (32, 512, 4, 4, True), (64, 512, 4, 4, True),
+                                    (64, 256, 4, 4, True), (128, 256, 4, 4, True),
+                                    (32, 1024, 4, 4, True), (64, 512, 8, 4, True))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [

@@ -11,7 +11,8 @@ is the cheap way to see which, and where the instructions go, before a device ca
 
 2026-12-02: the w4 loop was 939 instructions per thread per iteration for 128 nibbles
 (7.3 a nibble): 435 of them the dequantize-and-FMA itself (LOP3, FADD, FFMA), the rest
-loading and converting the activations (LDG, PRMT, MOV, IMAD) once per 4 columns.
+loading and converting the activations (LDG, PRMT, MOV, IMAD) once per 4 columns; with
+`gemv_xvec` (one vector load per word row's 8 activations) 761 (5.9 a nibble).
 """
 
 from __future__ import annotations
@@ -85,17 +86,19 @@ def main() -> None:
     w4, f8 = tq.W4_CONFIG, tq.FP8_CONFIG
     bk, gpt = tq._gemv_tile(w4["gemv_block_k"], 128, 3584)
     sizes = ["N", "K", "stride_xm", "stride_os", "stride_om", "k_per_split"]
+    int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
+            "b_ptr": "*bf16", "out_ptr": "*fp32"}
     cases = {
         # elements per thread per iteration: the tile over the program's threads
-        "w4a16 gemv (AWQ, group 128)": (
-            tq._w4_gemv_kernel,
-            {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
-             "b_ptr": "*bf16", "out_ptr": "*fp32"},
+        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec})": (
+            tq._w4_gemv_kernel, int4,
             {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-             "BLOCK_K": bk, "GPT": gpt, "PDL": True},
+             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "group_size", *sizes],
-            bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"])),
+            bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
+        for xvec in (False, True)}
+    cases |= {
         "fp8 w8a16 gemv (per-channel scales)": (
             tq._fp8_gemv_kernel,
             {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",

@@ -49,6 +49,10 @@ W4_CONFIG = {
     "gemv_max_m": 2,        # rows up to which the GEMV kernel runs (one program row each)
     # 32 x 512: four 128-row groups per tile (second sweep, 2026-12-01 22:40)
     "gemv_block_n": 32, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
+    # One vector load per word row's 8 activations instead of 8 scalar loads: 5.95
+    # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py),
+    # not yet timed on a GPU, so off until quant_bench's sweep picks it.
+    "gemv_xvec": False,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -176,13 +180,27 @@ def _q_minus_z(words, z):
 
 
 @triton.jit
+def _split8(xv, A: tl.constexpr, B: tl.constexpr):
+    """`[A, B, 8]` -> its 8 `[A, B]` slices along the last axis, in order (three splits)."""
+    a, b = tl.split(tl.reshape(xv, (A, B, 4, 2)))       # x[0::2], x[1::2]
+    a0, a1 = tl.split(tl.reshape(a, (A, B, 2, 2)))      # [x0, x4], [x2, x6]
+    b0, b1 = tl.split(tl.reshape(b, (A, B, 2, 2)))      # [x1, x5], [x3, x7]
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
                     stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GPT: tl.constexpr, PDL: tl.constexpr):
+                    GPT: tl.constexpr, XVEC: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
-    so a 128-row group no longer caps each load at `[16, BLOCK_N]` words."""
+    so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
+    activations of a word row come in one vector load instead of 8 scalar ones."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -205,16 +223,31 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
         g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
         g_off = (g_k // group_size)[:, None] * N + offs_n[None, :]
         s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
-        part = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-        xs = tl.zeros((GPT, R), dtype=tl.float32)
         hi = qw >> 16   # nibbles 4..7 into the low 16 bits (sign bits above are masked off)
-        for half in tl.static_range(2):
-            for j in tl.static_range(4):
-                xi = tl.load(x_row + rows * 8 + (half * 4 + j), mask=r_mask,
-                             other=0.0).to(tl.float32)
-                wi = _nibble_times_16j(qw if half == 0 else hi, j)      # q * 16^j
-                part += (xi * (1.0 / (16.0 ** j)))[:, :, None] * wi
-                xs += xi
+        if XVEC:
+            # The 8 activations of each word row in one 16-byte load, split in registers.
+            xv = tl.load(x_row + rows[:, :, None] * 8 + tl.arange(0, 8)[None, None, :],
+                         mask=r_mask[:, :, None], other=0.0).to(tl.float32)
+            xs = tl.sum(xv, axis=2)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xv, GPT, R)
+            part = x0[:, :, None] * _nibble_times_16j(qw, 0)
+            part += (x1 * (1.0 / 16.0))[:, :, None] * _nibble_times_16j(qw, 1)
+            part += (x2 * (1.0 / 256.0))[:, :, None] * _nibble_times_16j(qw, 2)
+            part += (x3 * (1.0 / 4096.0))[:, :, None] * _nibble_times_16j(qw, 3)
+            part += x4[:, :, None] * _nibble_times_16j(hi, 0)
+            part += (x5 * (1.0 / 16.0))[:, :, None] * _nibble_times_16j(hi, 1)
+            part += (x6 * (1.0 / 256.0))[:, :, None] * _nibble_times_16j(hi, 2)
+            part += (x7 * (1.0 / 4096.0))[:, :, None] * _nibble_times_16j(hi, 3)
+        else:
+            part = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+            xs = tl.zeros((GPT, R), dtype=tl.float32)
+            for half in tl.static_range(2):
+                for j in tl.static_range(4):
+                    xi = tl.load(x_row + rows * 8 + (half * 4 + j), mask=r_mask,
+                                 other=0.0).to(tl.float32)
+                    wi = _nibble_times_16j(qw if half == 0 else hi, j)      # q * 16^j
+                    part += (xi * (1.0 / (16.0 ** j)))[:, :, None] * wi
+                    xs += xi
         if HAS_ZERO:
             z = tl.load(z_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
             acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
@@ -328,7 +361,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
             group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, GPT=gpt, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
+            BLOCK_K=bk, GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), num_warps=cfg["gemv_warps"],
+            num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)

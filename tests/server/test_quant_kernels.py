@@ -71,12 +71,15 @@ W4_CASES = [
 
 # The GEMV runs one program row per input row: it is tested at small batches only.
 # "dequant": the whole weight dequantized by its kernel, then a plain matmul (prefill).
-@pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES for p in ("gemv", "gemm", "dequant")
-                                       if p != "gemv" or c[0] <= 3])
+@pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES
+                                       for p in ("gemv", "gemv_xvec", "gemm", "dequant")
+                                       if not p.startswith("gemv") or c[0] <= 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_w4a16(case, dtype, path, monkeypatch):
     m, k, n, group, zeros = case
-    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16 if path == "gemv" else 0)
+    # gemv_xvec: the GEMV with each word row's 8 activations in one vector load
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", path == "gemv_xvec")
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16 if path.startswith("gemv") else 0)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "dequant_min_m", 1 if path == "dequant" else 10 ** 9)
     x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m * 1000 + k + n)
     out = triton_quant.w4a16_linear(x, qw, s, z, group, b)
@@ -104,10 +107,13 @@ def test_w4_dequantize_is_the_twins_bit_for_bit(case, dtype):
 @pytest.mark.parametrize("k,group,block_k", [(200, 32, 64), (136, 32, 128), (256, 64, 128),
                                              (96, 16, 64)])
 @pytest.mark.parametrize("zeros", [True, False])
-def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, monkeypatch):
+@pytest.mark.parametrize("xvec", [False, True])
+def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
     """A GEMV tile of several groups (one scale row per slice): K ending inside a slice
-    and slices wholly past K, with and without split-K."""
+    and slices wholly past K, with and without split-K; activations loaded a scalar at a
+    time or a word row's 8 at once (`gemv_xvec`)."""
     assert triton_quant._gemv_tile(block_k, group, k) == (block_k, block_k // group)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_block_k", block_k)
     x, qw, s, z, b = int4_case(2, k, 40, group, zeros, torch.float32, seed=k + group)
