@@ -43,34 +43,50 @@ def dot(a, b, F32: tl.constexpr):
 # predecessor has finished and its writes are visible. Every kernel launched with
 # `launch_opts()` calls `pdl_wait(PDL)` before its first memory access, so it computes
 # exactly what a plainly launched kernel does; only the launch latency overlaps.
-# PAGEFLEET_PDL=0 turns it off (and the interpreter never uses it).
-_PDL: bool | None = None
+# PAGEFLEET_PDL: "1" (default) as described; "early": each kernel also lets its own
+# successor launch right after its wait (griddepcontrol.launch_dependents) instead of as
+# its blocks exit, so the successor's blocks are resident and waiting when it finishes
+# (the CUTLASS pattern; not yet timed on a GPU); "0": off. The interpreter and GPUs
+# before Hopper never use it.
+PDL_OFF, PDL_WAIT, PDL_EARLY = 0, 1, 2
+_PDL: int | None = None
 
 
-def pdl() -> bool:
-    """Whether kernels launch with PDL here: decided once per process, at the first launch
-    (not at import: the API process imports this module and must not touch CUDA)."""
+def pdl() -> int:
+    """The PDL mode of this process (PDL_OFF / PDL_WAIT / PDL_EARLY): decided once, at the
+    first launch (not at import: the API process imports this module and must not touch
+    CUDA)."""
     global _PDL
     if _PDL is None:
-        ok = not INTERPRET and os.environ.get("PAGEFLEET_PDL", "1") != "0"
-        if ok:
+        env = os.environ.get("PAGEFLEET_PDL", "1").strip().lower()
+        mode = {"0": PDL_OFF, "1": PDL_WAIT, "early": PDL_EARLY}.get(env)
+        if mode is None:
+            raise ValueError(f"PAGEFLEET_PDL={env!r}: expected 0, 1 or early")
+        if mode and INTERPRET:
+            mode = PDL_OFF
+        if mode:
             try:
                 from triton.language.extra.cuda import gdc_wait  # noqa: F401
-                ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+                if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9):
+                    mode = PDL_OFF
             except ImportError:   # a Triton without grid dependency control
-                ok = False
-        _PDL = ok
+                mode = PDL_OFF
+        _PDL = mode
     return _PDL
 
 
 def launch_opts() -> dict:
     """Keyword arguments for a launch of a kernel that takes `PDL: tl.constexpr` and
     starts with `pdl_wait(PDL)`."""
-    return {"PDL": True, "launch_pdl": True} if pdl() else {"PDL": False}
+    mode = pdl()
+    return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": PDL_OFF}
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """Wait until the kernel before this one has finished (a no-op without PDL)."""
+    """Wait until the kernel before this one has finished (a no-op without PDL); in the
+    early mode, then let the next kernel launch."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()

@@ -102,8 +102,12 @@ def main() -> int:
          {**rope, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {**rope_cx, "QUANT": True}, 4, 2),
     ]
     failed = 0
+    # The rotary + KV write kernel once more in PAGEFLEET_PDL=early's mode (wait, then let
+    # the next kernel launch): griddepcontrol.launch_dependents compiles too.
+    cases.append((*cases[-2][:3], {**cases[-2][3], "PDL": 2}, *cases[-2][4:]))
+    cases[-1] = ("rotary + KV write, PDL early", *cases[-1][1:])
     for name, fn, ptrs, cx, warps, stages in cases:
-        cx = {**cx, "PDL": True}   # as launched on sm_90: programmatic dependent launch
+        cx = {"PDL": 1, **cx}   # as launched on sm_90: programmatic dependent launch
         try:
             src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
             triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages,
@@ -125,7 +129,7 @@ def ptxas_usage(target, fn, ptrs: dict, cx: dict, warps: int, stages: int,
     import re
 
     from triton import knobs
-    cx = {**cx, "PDL": True}
+    cx = {**cx, "PDL": 1}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
     log = io.StringIO()

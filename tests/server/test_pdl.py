@@ -54,17 +54,19 @@ def test_every_pdl_launch_waits_first():
 def test_no_pdl_under_the_interpreter_or_when_switched_off(monkeypatch):
     monkeypatch.setattr(triton_common, "_PDL", None)
     if triton_common.INTERPRET:
-        assert triton_common.pdl() is False
-        assert triton_common.launch_opts() == {"PDL": False}
-    monkeypatch.setattr(triton_common, "_PDL", None)
+        assert triton_common.pdl() == triton_common.PDL_OFF
+        assert triton_common.launch_opts() == {"PDL": triton_common.PDL_OFF}
     monkeypatch.setattr(triton_common, "INTERPRET", False)
-    monkeypatch.setenv("PAGEFLEET_PDL", "0")
-    assert triton_common.pdl() is False
+    for env in ("0", "1", "early"):
+        monkeypatch.setattr(triton_common, "_PDL", None)
+        monkeypatch.setenv("PAGEFLEET_PDL", env)
+        import torch
+        if env == "0" or not torch.cuda.is_available():   # off, or no CUDA device: never on
+            assert triton_common.pdl() == triton_common.PDL_OFF
     monkeypatch.setattr(triton_common, "_PDL", None)
-    monkeypatch.delenv("PAGEFLEET_PDL")
-    import torch
-    if not torch.cuda.is_available():   # no CUDA device: never on
-        assert triton_common.pdl() is False
+    monkeypatch.setenv("PAGEFLEET_PDL", "yes")
+    with pytest.raises(ValueError, match="PAGEFLEET_PDL='yes'"):
+        triton_common.pdl()
     monkeypatch.setattr(triton_common, "_PDL", None)
 
 
