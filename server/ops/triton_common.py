@@ -67,12 +67,25 @@ def pdl() -> int:
         if mode:
             try:
                 from triton.language.extra.cuda import gdc_wait  # noqa: F401
-                if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9):
+                if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+                        and _driver_version() >= 12030):
                     mode = PDL_OFF
             except ImportError:   # a Triton without grid dependency control
                 mode = PDL_OFF
         _PDL = mode
     return _PDL
+
+
+def _driver_version() -> int:
+    """The CUDA driver's version (12030 for 12.3), 0 if it cannot be read. PDL launches
+    captured into CUDA graphs need a 12.3 driver; an older one keeps plain launches."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        return v.value if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else 0
+    except (OSError, AttributeError):
+        return 0
 
 
 def launch_opts() -> dict:
