@@ -34,5 +34,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows and d:
         block = min(triton.next_power_of_2(d), 1024)
         _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, d, x2.stride(0),
-                                                             BLOCK=block, num_warps=4, **launch_opts())
+                                                             BLOCK=block, num_warps=4,
+                                                             **launch_opts())
     return out

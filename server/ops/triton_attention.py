@@ -121,7 +121,8 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     _store_kvcache_kernel[(n,)](
         key, value, k_cache, v_cache, slot_mapping, float(k_scale), float(v_scale),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        H=h, D=d, BLOCK_H=_pow2(h), BLOCK_D=_pow2(d), QUANT=k_cache.dtype != key.dtype, num_warps=1, **launch_opts())
+        H=h, D=d, BLOCK_H=_pow2(h), BLOCK_D=_pow2(d), QUANT=k_cache.dtype != key.dtype, num_warps=1,
+        **launch_opts())
 
 
 # -- decode ------------------------------------------------------------------------------

@@ -381,7 +381,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
                      stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PDL: tl.constexpr):
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -419,7 +420,8 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stri
                      stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
                      ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+                     PDL: tl.constexpr):
     """W8A8 False: x in its dtype, fp8 weights upcast (w8a16). W8A8 True: x is e4m3
     with per-row scales `as_ptr`, an fp8 x fp8 dot."""
     pdl_wait(PDL)

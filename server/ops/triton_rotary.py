@@ -53,7 +53,8 @@ def _cos_sin(pos_ptr, cs_ptr, t, dt, HALF: tl.constexpr):
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr"])   # staging slices: any offset
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cs_ptr, qo_ptr, ko_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, HQ, HK,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, PDL: tl.constexpr):
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                   PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0)
     cos, sin = _cos_sin(pos_ptr, cs_ptr, t, qo_ptr.dtype.element_ty, HALF)
@@ -65,7 +66,8 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cs_ptr, qo_ptr, ko_ptr,
 def _rotary_store_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, qo_ptr, kc_ptr, vc_ptr,
                          k_scale, v_scale, stride_qt, stride_qh, stride_kt, stride_kh,
                          stride_vt, stride_vh, HQ, HK, HALF: tl.constexpr,
-                         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QUANT: tl.constexpr,
+                         PDL: tl.constexpr):
     """Rotary on q (to qo) and k, and k and v written straight into the cache slot:
     the rotated k never goes through memory, and one launch does what two did."""
     pdl_wait(PDL)
@@ -141,5 +143,6 @@ def rotary_and_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             positions, slot_mapping, q, k, v, cs, qo, k_cache, v_cache, float(k_scale),
             float(v_scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), hq, hk, HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq),
-            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype, num_warps=4, **launch_opts())
+            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype, num_warps=4,
+            **launch_opts())
     return qo
