@@ -3,6 +3,7 @@ multiprocessor count (launch sizing), and the dot product every GEMM-like kernel
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -64,14 +65,22 @@ def pdl() -> int:
             raise ValueError(f"PAGEFLEET_PDL={env!r}: expected 0, 1 or early")
         if mode and INTERPRET:
             mode = PDL_OFF
+        why = f"PAGEFLEET_PDL={env}"
         if mode:
             try:
                 from triton.language.extra.cuda import gdc_wait  # noqa: F401
-                if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-                        and _driver_version() >= 12030):
-                    mode = PDL_OFF
-            except ImportError:   # a Triton without grid dependency control
-                mode = PDL_OFF
+                if not torch.cuda.is_available():
+                    mode, why = PDL_OFF, "no CUDA device"
+                elif torch.cuda.get_device_capability()[0] < 9:
+                    mode, why = PDL_OFF, "a GPU before Hopper"
+                elif _driver_version() < 12030:
+                    mode, why = PDL_OFF, f"CUDA driver {_driver_version()} < 12030"
+            except ImportError:
+                mode, why = PDL_OFF, f"Triton {triton.__version__} has no grid dependency control"
+        if not INTERPRET and torch.cuda.is_available():
+            logging.getLogger("pagefleet.engine").info(
+                "Kernel launches: programmatic dependent launch %s (%s)",
+                {PDL_OFF: "off", PDL_WAIT: "on", PDL_EARLY: "on, early release"}[mode], why)
         _PDL = mode
     return _PDL
 
