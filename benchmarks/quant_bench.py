@@ -214,16 +214,18 @@ def phase_kernels(args) -> dict:
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps,
-             gemv_xvec=xv)
+             gemv_xvec=xv, max_split=ms)
         # 128-row groups: a 512-row tile is 4 groups (64 x 128 was the 2026-12-01 pick,
         # when tiles could not span groups and 512 meant 128); gemv_xvec: one vector
-        # load per word row's activations (fewer instructions per nibble, sass_loop.py)
-        for bn, bk, nw, pps, xv in ((64, 128, 4, 4, False), (64, 512, 4, 4, False),
-                                    (32, 512, 4, 4, False), (32, 1024, 4, 4, False),
-                                    (128, 256, 4, 4, False), (64, 512, 8, 4, False),
-                                    (32, 512, 4, 4, True), (64, 512, 4, 4, True),
-                                    (64, 256, 4, 4, True), (128, 256, 4, 4, True),
-                                    (32, 1024, 4, 4, True), (64, 512, 8, 4, True))],
+        # load per word row's activations (fewer instructions per nibble, sass_loop.py);
+        # max_split 1: narrower tiles instead of split-K, so no reduce kernel per layer
+        for bn, bk, nw, pps, xv, ms in (
+            (64, 128, 4, 4, False, 32), (64, 512, 4, 4, False, 32), (32, 512, 4, 4, False, 32),
+            (32, 1024, 4, 4, False, 32), (128, 256, 4, 4, False, 32), (64, 512, 8, 4, False, 32),
+            (32, 512, 4, 4, True, 32), (64, 512, 4, 4, True, 32), (64, 256, 4, 4, True, 32),
+            (128, 256, 4, 4, True, 32), (32, 1024, 4, 4, True, 32), (64, 512, 8, 4, True, 32),
+            (16, 512, 4, 4, True, 1), (16, 512, 2, 4, True, 1), (32, 512, 4, 4, True, 1),
+            (16, 512, 4, 4, False, 1))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
@@ -232,10 +234,12 @@ def phase_kernels(args) -> dict:
                                (64, 128, 4, 4))], w4_fn, (16, 64, 256)))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_fp8 = sweep("fp8 gemv", tq.FP8_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps)
-        for bn, bk, nw, pps in ((32, 256, 4, 4), (16, 512, 4, 4), (32, 512, 4, 4),
-                                (64, 512, 8, 4), (32, 1024, 8, 4), (16, 1024, 4, 4),
-                                (16, 256, 2, 8), (64, 256, 4, 4))], fp8_fn, (1,))
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps, max_split=ms)
+        for bn, bk, nw, pps, ms in ((32, 256, 4, 4, 32), (16, 512, 4, 4, 32), (32, 512, 4, 4, 32),
+                                    (64, 512, 8, 4, 32), (32, 1024, 8, 4, 32),
+                                    (16, 1024, 4, 4, 32), (16, 256, 2, 8, 32), (64, 256, 4, 4, 32),
+                                    (8, 512, 4, 4, 1), (8, 1024, 4, 4, 1), (16, 512, 4, 4, 1),
+                                    (8, 512, 2, 4, 1))], fp8_fn, (1,))
     tq.FP8_CONFIG.update(tuned_fp8)
     tuned_fp8.update(sweep("fp8 w8a16 gemm", tq.FP8_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw)
