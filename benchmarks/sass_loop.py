@@ -104,7 +104,7 @@ def main() -> None:
             {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",
              "out_ptr": "*fp32"},
             {"ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
-             "BLOCK_K": f8["gemv_block_k"], "PDL": True},
+             "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PDL": True},
             f8["gemv_warps"], f8["gemv_stages"],
             ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "stride_ws", *sizes],
             f8["gemv_block_k"] * f8["gemv_block_n"] / (32 * f8["gemv_warps"])),

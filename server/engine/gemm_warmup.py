@@ -14,7 +14,8 @@ So at startup each projection of one decoder layer (the layers share their shape
 at every token count a step can have, on a grid fine enough to meet each kernel (cuBLAS
 changes kernels at tile and wave boundaries: every count up to 256, then every 8th up
 to 2,048, then every 16th), and lm_head at every row count a step can sample (and a
-prompt-logprob slice can hold). Decode graphs need nothing: their kernels are launched
+prompt-logprob slice can hold), and the down projection on `[gate | up]` rows up to 32
+(the fused SiLU GEMV). Decode graphs need nothing: their kernels are launched
 while capturing them. The values computed are discarded; nothing else changes.
 """
 
@@ -26,6 +27,7 @@ import time
 import torch
 
 log = logging.getLogger("pagefleet.engine")
+SILU_ROWS = 32   # the fp8 GEMV's largest batch (FP8_CONFIG["w8a16_max_m"] bounds it)
 
 
 def token_grid(max_tokens: int) -> list[int]:
@@ -55,6 +57,15 @@ def warm_gemm_kernels(model, max_tokens: int, max_rows: int) -> tuple[int, float
         for proj in projections:
             proj(x[:m, :proj.input_size_per_partition])
             launches += 1
+    # The down projection as the MLP calls it (a quantized GEMV may take SiLU-and-mul in
+    # its activation load at decode sizes: a kernel variant of its own).
+    down = mlp.down_proj
+    act = torch.zeros(min(SILU_ROWS, max_tokens), 2 * down.input_size_per_partition,
+                      dtype=head.dtype, device=head.device)
+    for m in range(1, act.shape[0] + 1):
+        down.forward_silu_mul(act[:m])
+        launches += 1
+    del act
     h = x[:, :head.shape[1]]
     for m in range(1, min(max_rows, max_tokens) + 1):
         torch.nn.functional.linear(h[:m], head)

@@ -65,6 +65,15 @@ class Ops:
     fp8_linear = staticmethod(quant.fp8_linear)
 
     @classmethod
+    def fp8_silu_linear(cls, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        block: tuple[int, int], input_scale: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The fp8 down projection of silu(gate) * up: the two ops in a row here (whichever
+        a subclass picked); TritonOps does the SiLU in the decode GEMV's activation load."""
+        return cls.fp8_linear(cls.silu_and_mul(x), weight, weight_scale, block, input_scale,
+                              bias)
+
+    @classmethod
     def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float,
@@ -191,7 +200,7 @@ class MLP(nn.Module):
             **_tp_kw(tp)), ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj.forward_silu_mul(self.gate_up_proj(x))
         return self.tp.all_reduce(out) if self.down_proj.reduce_results else out
 
 

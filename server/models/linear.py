@@ -122,6 +122,12 @@ class LinearMethod:
               bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def apply_silu_mul(self, layer: "LinearBase", x: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+        """This layer on silu(gate) * up of x = `[gate | up]` (the MLP's down projection);
+        a method whose kernel can take the activation in its input load overrides it."""
+        return self.apply(layer, layer.ops.silu_and_mul(x), bias)
+
 
 class UnquantizedLinearMethod(LinearMethod):
     name = "unquantized"
@@ -241,6 +247,10 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
+
+    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """forward(silu(gate) * up) for x = `[gate | up]`."""
+        return self.method.apply_silu_mul(self, x, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, method={self.method.name}, "

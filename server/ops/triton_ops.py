@@ -23,3 +23,4 @@ class TritonOps(Ops):
     silu_and_mul = staticmethod(triton_activation.silu_and_mul)
     w4a16_linear = staticmethod(triton_quant.w4a16_linear)
     fp8_linear = staticmethod(triton_quant.fp8_linear)
+    fp8_silu_linear = staticmethod(triton_quant.fp8_silu_linear)

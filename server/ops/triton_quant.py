@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from pagefleet.server.ops import quant as twin
+from pagefleet.server.ops import triton_activation
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
@@ -382,7 +383,10 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
                      stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PDL: tl.constexpr):
+                     ACT: tl.constexpr, PDL: tl.constexpr):
+    """ACT: x rows are `[gate | up]` (2K wide) and the GEMV's input is silu(gate) * up,
+    rounded where `triton_activation.silu_and_mul` rounds (so the same bits as that
+    kernel followed by this one, without the launch and the activations' round trip)."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -399,7 +403,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
         k_mask = k < k_end
         w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        if ACT:
+            dt = x_ptr.dtype.element_ty
+            gate = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_row + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+            xv = (act * up).to(dt).to(tl.float32)
+        else:
+            xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
         if ROW_SCALE:
             acc += w * xv[None, :]
         else:
@@ -516,9 +527,11 @@ def _scale_layout(weight: torch.Tensor, weight_scale: torch.Tensor, block: tuple
 
 
 def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool, bias,
-                dtype) -> torch.Tensor | None:
-    """The fp8 kernels' common launch; None when the scale layout does not fit a tile."""
+                dtype, act: bool = False) -> torch.Tensor | None:
+    """The fp8 kernels' common launch; None when the scale layout does not fit a tile.
+    act (GEMV only): x is `[gate | up]`, the input silu(gate) * up."""
     m, k = x.shape
+    k = k // 2 if act else k
     n = weight.shape[0]
     cfg = FP8_CONFIG
     if gemv:
@@ -540,7 +553,8 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
             out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
+            BLOCK_K=bk, ACT=act, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
+            **launch_opts())
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
@@ -566,6 +580,23 @@ def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     x = x.contiguous()
     r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype) if m else None
     return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias) if r is None else r
+
+
+def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    block: tuple[int, int], input_scale: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`fp8_linear(silu_and_mul(x))` (the MLP's down projection): up to the GEMV's batch
+    the SiLU-and-mul happens in the GEMV's activation load, bit for bit as the two
+    kernels in a row (one launch per layer fewer); above it, the two."""
+    m = x.shape[0]
+    if 0 < m <= min(FP8_CONFIG["gemv_max_m"], FP8_CONFIG["w8a16_max_m"]):
+        x = x.contiguous()
+        r = _fp8_launch(x, weight, weight_scale, block, None, False, True, bias, x.dtype,
+                        act=True)
+        if r is not None:
+            return r
+    return fp8_linear(triton_activation.silu_and_mul(x), weight, weight_scale, block,
+                      input_scale, bias)
 
 
 def _scaled_mm_ok(q: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -68,8 +68,11 @@ def main() -> int:
         ("split-K reduce", tq._splitk_reduce_kernel, {"b_ptr": "*bf16", "out_ptr": "*bf16"},
          {"SPLITS": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 2),
         ("fp8 gemv", tq._fp8_gemv_kernel, fp8, {"ROW_SCALE": True, "HAS_BIAS": False,
-         "BLOCK_N": f8["gemv_block_n"], "BLOCK_K": f8["gemv_block_k"]},
+         "BLOCK_N": f8["gemv_block_n"], "BLOCK_K": f8["gemv_block_k"], "ACT": False},
          f8["gemv_warps"], f8["gemv_stages"]),
+        ("fp8 gemv, SiLU-and-mul in the activation load", tq._fp8_gemv_kernel, fp8, {
+         "ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
+         "BLOCK_K": f8["gemv_block_k"], "ACT": True}, f8["gemv_warps"], f8["gemv_stages"]),
         ("fp8 w8a16 gemm", tq._fp8_gemm_kernel, fp8, {"ROW_SCALE": False, "W8A8": False,
          "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": f8["gemm_block_n"],
          "BLOCK_K": f8["gemm_block_k"], "F32": False}, f8["gemm_warps"], f8["gemm_stages"]),

@@ -14,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from pagefleet.server.ops import quant, triton_quant  # noqa: E402
+from pagefleet.server.ops import activation, quant, triton_activation, triton_quant  # noqa: E402
 from pagefleet.server.ops.int4_packing import pack_rows  # noqa: E402
 
 if not triton_quant._INTERPRET and not torch.cuda.is_available():
@@ -163,6 +163,28 @@ def test_fp8_weight_only(case, dtype, gemv):
     out = triton_quant.fp8_w8a16_linear(x, w, ws, block, None, b, gemv=gemv)
     ref = quant.fp8_linear(x.float(), w, ws, block, None, b.float())
     assert out.dtype == dtype and rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("splits", [1, 1000])
+def test_fp8_silu_linear_is_the_two_kernels_bit_for_bit(case, dtype, splits, monkeypatch):
+    """The down projection with SiLU-and-mul in the GEMV's activation load: the same bits
+    as `silu_and_mul` then the GEMV (decode rows), and the two ops above the GEMV's batch;
+    with and without split-K."""
+    m, k, n, block = case
+    monkeypatch.setitem(triton_quant.FP8_CONFIG, "target_programs", splits)
+    gate_up = fp8_case(m, 2 * k, n, block, dtype, seed=3 * m + k)[0] * 3
+    _, w, ws, b = fp8_case(m, k, n, block, dtype, seed=m + 2 * k)
+    for gemv_max_m in (16, 0):
+        monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_max_m", gemv_max_m)
+        fused = triton_quant.fp8_silu_linear(gate_up, w, ws, block, None, b)
+        two = triton_quant.fp8_linear(triton_activation.silu_and_mul(gate_up), w, ws, block,
+                                      None, b)
+        assert fused.dtype == dtype and torch.equal(fused, two)
+    ref = quant.fp8_linear(activation.silu_and_mul(gate_up.float()), w, ws, block, None,
+                           b.float())
+    assert rel_err(fused, ref) <= TOL[dtype] * 2
 
 
 @pytest.mark.parametrize("case", FP8_CASES)

@@ -115,6 +115,10 @@ class Fp8LinearMethod(LinearMethod):
         return layer.ops.fp8_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
                                     layer.input_scale, bias)
 
+    def apply_silu_mul(self, layer, x, bias):
+        return layer.ops.fp8_silu_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
+                                         layer.input_scale, bias)
+
 
 class Fp8OnlineMethod(Fp8LinearMethod):
     """`--quantization fp8` on a bf16/fp16/fp32 checkpoint: each incoming weight is
