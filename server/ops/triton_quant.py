@@ -64,6 +64,7 @@ W4_CONFIG = {
 }
 FP8_CONFIG = {
     "gemv_max_m": 1,        # rows up to which the weight-only GEMV runs
+    "silu_gemv": True,      # the down projection's GEMV takes SiLU-and-mul in its load
     "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
     "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
     "gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
@@ -589,7 +590,8 @@ def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     the SiLU-and-mul happens in the GEMV's activation load, bit for bit as the two
     kernels in a row (one launch per layer fewer); above it, the two."""
     m = x.shape[0]
-    if 0 < m <= min(FP8_CONFIG["gemv_max_m"], FP8_CONFIG["w8a16_max_m"]):
+    if FP8_CONFIG["silu_gemv"] and 0 < m <= min(FP8_CONFIG["gemv_max_m"],
+                                                FP8_CONFIG["w8a16_max_m"]):
         x = x.contiguous()
         r = _fp8_launch(x, weight, weight_scale, block, None, False, True, bias, x.dtype,
                         act=True)

@@ -176,8 +176,9 @@ def test_fp8_silu_linear_is_the_two_kernels_bit_for_bit(case, dtype, splits, mon
     monkeypatch.setitem(triton_quant.FP8_CONFIG, "target_programs", splits)
     gate_up = fp8_case(m, 2 * k, n, block, dtype, seed=3 * m + k)[0] * 3
     _, w, ws, b = fp8_case(m, k, n, block, dtype, seed=m + 2 * k)
-    for gemv_max_m in (16, 0):
+    for gemv_max_m, fused_on in ((16, True), (0, True), (16, False)):
         monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_max_m", gemv_max_m)
+        monkeypatch.setitem(triton_quant.FP8_CONFIG, "silu_gemv", fused_on)
         fused = triton_quant.fp8_silu_linear(gate_up, w, ws, block, None, b)
         two = triton_quant.fp8_linear(triton_activation.silu_and_mul(gate_up), w, ws, block,
                                       None, b)
