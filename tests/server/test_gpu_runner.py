@@ -105,6 +105,15 @@ def test_gemm_sweep_runs_each_projection_and_lm_head_at_every_count(tiny_models,
         return real_linear(x, w, b)
 
     monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    down = layer.mlp.down_proj
+    silu_rows: list[tuple[int, int]] = []
+    real_silu = down.forward_silu_mul
+
+    def forward_silu_mul(x):
+        silu_rows.append(tuple(x.shape))
+        return real_silu(x)
+
+    monkeypatch.setattr(down, "forward_silu_mul", forward_silu_mul)
     launches, _ = gemm_warmup.warm_gemm_kernels(model, 300, 40)
     grid = gemm_warmup.token_grid(300)
     for name, mod in (("qkv", layer.self_attn.qkv_proj), ("down", layer.mlp.down_proj)):
@@ -112,4 +121,7 @@ def test_gemm_sweep_runs_each_projection_and_lm_head_at_every_count(tiny_models,
         assert {k for _, k, _ in seen[name]} == {mod.input_size_per_partition}
     assert [m for m, _, _ in seen["o"]] == grid and [m for m, _, _ in seen["gate_up"]] == grid
     assert head_rows == list(range(1, 41))
-    assert launches == 4 * len(grid) + 40
+    # and the down projection on [gate | up] rows as the MLP calls it, 1..32 rows
+    assert silu_rows == [(m, 2 * down.input_size_per_partition)
+                         for m in range(1, gemm_warmup.SILU_ROWS + 1)]
+    assert launches == 4 * len(grid) + gemm_warmup.SILU_ROWS + 40
