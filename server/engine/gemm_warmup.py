@@ -27,7 +27,10 @@ import time
 import torch
 
 log = logging.getLogger("pagefleet.engine")
-SILU_ROWS = 32   # the fp8 GEMV's largest batch (FP8_CONFIG["w8a16_max_m"] bounds it)
+# Rows the down projection is warmed on as `[gate | up]`: above the largest batch of a
+# quantized GEMV that takes SiLU in its load (FP8_CONFIG's gemv_max_m, at most 16 in
+# every tuning so far); its fallback (silu_and_mul, then the GEMM) is swept anyway.
+SILU_ROWS = 32
 
 
 def token_grid(max_tokens: int) -> list[int]:

@@ -11,6 +11,16 @@ from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 
 
 @triton.jit
+def silu_mul(gate, up, dt: tl.constexpr):
+    """silu(gate) * up from float32 inputs, rounded to `dt` where the twin rounds (the
+    activation, then the product); returned in float32. The one definition of that
+    rounding: the fp8 GEMV that takes SiLU in its load (triton_quant) calls it too, so
+    both give the same bits."""
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    return (act * up).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -19,8 +29,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, BLOCK: tl.constexpr, PDL: 
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
     dt = out_ptr.dtype.element_ty
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-    tl.store(out_ptr + row * d + cols, (act * up).to(dt), mask=mask)
+    tl.store(out_ptr + row * d + cols, silu_mul(gate, up, dt).to(dt), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

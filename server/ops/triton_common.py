@@ -73,8 +73,8 @@ def pdl() -> int:
                     mode, why = PDL_OFF, "no CUDA device"
                 elif torch.cuda.get_device_capability()[0] < 9:
                     mode, why = PDL_OFF, "a GPU before Hopper"
-                elif _driver_version() < 12030:
-                    mode, why = PDL_OFF, f"CUDA driver {_driver_version()} < 12030"
+                elif (driver := _driver_version()) < 12030:
+                    mode, why = PDL_OFF, f"CUDA driver {driver} < 12030"
             except ImportError:
                 mode, why = PDL_OFF, f"Triton {triton.__version__} has no grid dependency control"
         if not INTERPRET and torch.cuda.is_available():

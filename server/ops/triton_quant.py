@@ -386,8 +386,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      ACT: tl.constexpr, PDL: tl.constexpr):
     """ACT: x rows are `[gate | up]` (2K wide) and the GEMV's input is silu(gate) * up,
-    rounded where `triton_activation.silu_and_mul` rounds (so the same bits as that
-    kernel followed by this one, without the launch and the activations' round trip)."""
+    rounded by `triton_activation.silu_mul`, as `silu_and_mul` rounds (so the same bits as
+    that kernel followed by this one, without the launch and the activations' round trip)."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -405,11 +405,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
         w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         if ACT:
-            dt = x_ptr.dtype.element_ty
             gate = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
             up = tl.load(x_row + K + k, mask=k_mask, other=0.0).to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-            xv = (act * up).to(dt).to(tl.float32)
+            xv = triton_activation.silu_mul(gate, up, x_ptr.dtype.element_ty)
         else:
             xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
         if ROW_SCALE:
