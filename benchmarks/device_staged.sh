@@ -4,7 +4,7 @@
 #     phase's sweep holds both forms and engine_awq takes the sweep's pick, so the AWQ
 #     B=1 step below is the better of the two (see quant_result.json's "tuned");
 #  2. the PDL modes (server/ops/triton_common.py): the B=1 step of bf16 and fp8 with
-#     PAGEFLEET_PDL=1 (shipped), early and 0, on the same machine;
+#     PAGEFLEET_PDL=1, early (shipped since 2026-12-02 evening) and 0, on the same machine;
 #  3. the fp8 B=1 step with FP8_CONFIG["silu_gemv"] off (SiLU-and-mul as its own kernel).
 # About 8 minutes. Results: $OUT/quant_*.json, $OUT/pdl_*.json, and a table last.
 set -o pipefail

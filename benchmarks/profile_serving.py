@@ -25,7 +25,10 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
   longdoc  16 documents of 16,000 tokens, 128 out, max-model-len 32,768 (the online
            long-document workload without HTTP): wall time, time to first token, the
            kernel table of the whole run (PROFILE_LONGDOC=0: not profiled);
-           longdoc_pick with attn's pick as PREFILL_CONFIG, longdoc_64x32 with 64 x 32 tiles
+           longdoc_pick with attn's pick as PREFILL_CONFIG, longdoc_64x32 with 64 x 32 tiles,
+           longdoc_no_ahead with page_ahead off in both attention kernels, longdoc_before
+           with the tiles shipped before 2026-12-02 (evening): 128 x 64, 4 warps, no page_ahead
+  dattn    the decode kernel with page_ahead on and off, batch 1-256, contexts 768-16K
 The model is the Qwen2.5-7B shape with random weights (benchmarks/build_model.py).
 """
 
@@ -93,10 +96,13 @@ def phase_attn() -> dict:
     # that packed the 7 query heads of a KV head into one tile (K/V loaded once for 7)
     # ran 341 against 437 TFLOP/s at 8K over 16K: the kernel is bound by its math, not
     # its loads, and the variant was dropped (results/2026-12-02d-h200-4-*).
-    variants = [dict(zip(("block_m", "block_n", "num_warps", "num_stages", "longest_first"), v))
-                for v in ((128, 64, 4, 3, True), (128, 64, 4, 3, False), (128, 64, 8, 3, True),
-                          (64, 32, 4, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 4, True),
-                          (64, 64, 4, 3, True), (128, 32, 4, 3, True))]
+    # page_ahead (page ids one key tile ahead, so the K/V copies stay pipelined) is new
+    # on 2026-12-02 (evening): the shipped tiles with and without it, then tiles and
+    # stage counts that the deeper pipeline may favour.
+    keys = ("block_m", "block_n", "num_warps", "num_stages", "longest_first", "page_ahead")
+    variants = [dict(zip(keys, v))
+                for v in ((128, 128, 8, 3, True, True), (128, 128, 8, 3, True, False),
+                          (128, 64, 4, 3, True, False), (128, 64, 8, 3, True, True))]
     base = dict(ta.PREFILL_CONFIG)
     res = []
     for q_len, ctx_len, nseq in ((512, 512, 16), (8192, 8192, 1), (8192, 16384, 1),
@@ -139,7 +145,6 @@ def phase_attn() -> dict:
             log(f"attn {row}")
             res.append(row)
     # The pick: the least L2-flushed time over every shape (a candidate, for longdoc_pick).
-    keys = ("block_m", "block_n", "num_warps", "num_stages", "longest_first")
     tot: dict[tuple, float] = {}
     for r in res:
         if "flushed_ms" in r:
@@ -150,6 +155,47 @@ def phase_attn() -> dict:
         (OUT / "attn_pick.json").write_text(json.dumps(pick))
     return {"variants": res, "config_shipped": base, "pick_flushed": pick,
             "flushed_totals": {str(k): v for k, v in tot.items()}}
+
+
+def phase_dattn() -> dict:
+    """The decode kernel with and without page ids one tile ahead (DECODE_CONFIG's
+    page_ahead), at the batches and contexts the online runs meet; outputs compared."""
+    import torch
+    from gpu_bench import graph_ms
+    from pagefleet.server.ops import triton_attention as ta
+    hq, hk, d, bs = 28, 4, 128, 16
+    base = dict(ta.DECODE_CONFIG)
+    res = []
+    for batch, ctx_len in ((1, 1024), (1, 16384), (16, 16384), (64, 1024), (256, 768)):
+        per = -(-ctx_len // bs)
+        nb = batch * per + 4
+        g = torch.Generator(device="cuda").manual_seed(batch + ctx_len)
+        kc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        vc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        bt = torch.randperm(nb - 4, device="cuda").view(batch, per).int()
+        ctx = torch.full((batch,), ctx_len, device="cuda", dtype=torch.int32)
+        q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        kv_bytes = 2 * batch * ctx_len * hk * d * 2
+        row: dict = {"batch": batch, "ctx": ctx_len}
+        outs = {}
+        for ahead in (True, False):
+            ta.DECODE_CONFIG.update(page_ahead=ahead)
+            try:
+                fn = lambda: ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)  # noqa: E731
+                outs[ahead] = fn()
+                ms = graph_ms(fn, reps=3, n=20)
+                row[f"ahead_{ahead}_ms"] = ms
+                row[f"ahead_{ahead}_TBps"] = kv_bytes / (ms / 1e3) / 1e12
+                row[f"ahead_{ahead}_flushed_ms"] = flushed_ms(fn)
+            except Exception as e:  # noqa: BLE001
+                row[f"ahead_{ahead}_error"] = repr(e)[:300]
+            ta.DECODE_CONFIG.clear()
+            ta.DECODE_CONFIG.update(base)
+        if len(outs) == 2:
+            row["bit_identical"] = bool(torch.equal(outs[True], outs[False]))
+        log(f"dattn {row}")
+        res.append(row)
+    return {"rows": res, "config_shipped": base}
 
 
 # -- waves ------------------------------------------------------------------------------------
@@ -327,7 +373,8 @@ def phase_host(eager_modules: bool = False, blas_lt: bool = False, **engine_kw) 
     return res
 
 
-def phase_longdoc(tiles: str = "shipped", override: dict | None = None) -> dict:
+def phase_longdoc(tiles: str = "shipped", override: dict | None = None,
+                  decode_override: dict | None = None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -336,6 +383,7 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None) -> dict:
         ta.PREFILL_CONFIG.update(json.loads((OUT / "attn_pick.json").read_text()))
     elif override:
         ta.PREFILL_CONFIG.update(override)
+    ta.DECODE_CONFIG.update(decode_override or {})
     eng, load_s, p = _engine(32768, 128)
     res: dict = {"load_s": load_s}
     res["warm"] = _run_timed(eng, rand_prompts(5, 2, 16000), p, "warm")
@@ -360,7 +408,12 @@ PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (ph
           "host_lt": (lambda: phase_host(blas_lt=True), 200), "longdoc": (phase_longdoc, 150),
           "longdoc_pick": (lambda: phase_longdoc("pick"), 150),
           "longdoc_64x32": (lambda: phase_longdoc("64x32", dict(block_m=64, block_n=32,
-                                                                num_warps=4, num_stages=3)), 150)}
+                                                                num_warps=4, num_stages=3)), 150),
+          "dattn": (phase_dattn, 150),
+          "longdoc_before": (lambda: phase_longdoc("before 2026-12-02 evening", dict(
+              block_m=128, block_n=64, num_warps=4, num_stages=3, page_ahead=False)), 150),
+          "longdoc_no_ahead": (lambda: phase_longdoc("no page_ahead", dict(page_ahead=False),
+                                                     dict(page_ahead=False)), 150)}
 
 
 def main() -> None:

@@ -35,19 +35,29 @@ DECODE_CONFIG = {
     "split_programs": None,   # None: 4 x multiprocessors, the programs a split batch aims at
     "min_partition": 128,     # fewest tokens per split (a short context gets fewer splits)
     "max_partition": 1024,    # most (a long one gets more splits than the batch asks for)
+    # Page ids one tile ahead, as the prefill kernel reads them: slower here (H200,
+    # 2026-12-02: 51 against 43 us at 64 x 1K, 108 against 99 at 256 x 768), off.
+    "page_ahead": False,
 }
 # H200, 2026-12-02 (BENCHMARKS.md): 128 x 64 tiles, 4 warps, 3 stages run a lone 8,192-token
 # chunk over 16K of context in 3.4 ms against 4.0 for 64 x 64, and the 16K-document engine
 # run at 236 against 224 out tok/s. Before the kernel read its int64 step metadata as int32
 # (see `_prefill_kernel`) the larger tile spilled 1,092 B and lost in the engine. Short
 # chunks (16 x 512 tokens) are 15% slower with it: 0.02 ms a layer, noise in such a step.
-PREFILL_CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3,
+PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3,
                   # Heads vary fastest in launch order and a sequence's last query tiles
                   # (the most keys) launch first, so the long tiles of a causal prefill do
                   # not trail at the end of the grid. H200, 2026-12-02 (BENCHMARKS.md):
                   # 3.16 against 3.30 ms for a lone 8,192-token chunk over 16K, 1.14 against
                   # 1.24 ms over 8K; no shape slower.
-                  "longest_first": True}
+                  "longest_first": True,
+                  # Page ids read one key tile ahead (see `_prefill_kernel`): the K/V
+                  # copies stay pipelined. H200, 2026-12-02 (evening): with 128 x 128
+                  # tiles, 8 warps, 3 stages, 3.14 against 3.37 ms (8K over 16K), 1.07
+                  # against 1.13 (8K over 8K), 1.08 against 1.18 (2K over 16K) for the
+                  # 128 x 64, 4-warp tiles without it; those tiles lose with it (5.04
+                  # ms: 255 registers).
+                  "page_ahead": True}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
@@ -149,7 +159,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
                    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, DIRECT: tl.constexpr,
-                   F32: tl.constexpr, PDL: tl.constexpr):
+                   F32: tl.constexpr, PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -174,11 +184,18 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    # Page ids one tile ahead, as in `_prefill_kernel` (PAGE_AHEAD there): the K/V loads
+    # then stay pipelined instead of waiting for all copies in flight every step.
+    page_next = _pages(bt_row, lo, hi, BS, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         tok = start + n
         tmask = tok < hi
-        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
-        off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+        page = page_next
+        if PAGE_AHEAD:
+            page_next = _pages(bt_row, start + BLOCK_N, hi, BS, BLOCK_N)
+        else:
+            page = _pages(bt_row, start, hi, BS, BLOCK_N)
+        off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
         k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
                     other=0.0)
         if FP8:
@@ -305,7 +322,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
         BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype), DIRECT=direct, F32=_INTERPRET,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
+        PAGE_AHEAD=bool(cfg["page_ahead"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             ml, acc, context_lens, out, plan.want, plan.min_part, plan.max_part, splits,
@@ -317,20 +334,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 # -- prefill (varlen, over the paged cache) ------------------------------------------------
 
 @triton.jit
-def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr, vc_ptr, d, dmask, kvh,
+def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, d, dmask, kvh,
                   stride_cblk, stride_ctok, stride_ch, qk_scale, k_scale, v_scale,
                   BS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr,
                   MASKED: tl.constexpr):
-    """One online-softmax step over keys [start, start + BLOCK_N). MASKED: the causal
-    mask and the context end apply; else every key is visible to every row of the tile
-    and the selects are left out."""
+    """One online-softmax step over keys [start, start + BLOCK_N), whose cache pages
+    (one per key) are `page`. MASKED: the causal mask and the context end apply; else
+    every key is visible to every row of the tile and the selects are left out."""
     tok = start + tl.arange(0, BLOCK_N)
     tmask = tok < kv_end
-    if MASKED:
-        page = tl.load(bt_row + tok // BS, mask=tmask, other=0).to(tl.int64)
-    else:
-        page = tl.load(bt_row + tok // BS).to(tl.int64)
-    off = page * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+    off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
     kv_mask = tmask[:, None] & dmask[None, :] if MASKED else dmask[None, :]
     k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8:
@@ -356,6 +369,13 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr, vc_ptr
     return acc, m_new, l_i
 
 
+@triton.jit
+def _pages(bt_row, start, end, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The cache page of each key in [start, start + BLOCK_N) (0 past `end`)."""
+    tok = start + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row + tok // BS, mask=tok < end, other=0)
+
+
 @triton.jit(do_not_specialize=["num_seqs"],
             do_not_specialize_on_alignment=["cu_ptr", "ctx_ptr", "bt_ptr"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
@@ -365,7 +385,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
                     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                     FP8: tl.constexpr, F32: tl.constexpr, LONGEST_FIRST: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     if LONGEST_FIRST:
         pid = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -403,12 +423,32 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
     # position) need no mask: most of a long context. Only the diagonal ones are masked.
     full_end = tl.minimum((ctx - q_len + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N, kv_end)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for start in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr,
-                                      vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
-                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, False)
+    # The key tiles every row sees. PAGE_AHEAD: each tile's page ids are read one tile
+    # ahead into registers. Read in the tile's own step, they made the K/V loads depend
+    # on a load of the same iteration, and Triton's pipeliner then waited for every copy
+    # in flight (cp.async.wait_group 0) at the top of each step: one memory latency per
+    # tile. Read ahead, the K/V copies take their addresses from registers and the
+    # pipeline keeps num_stages - 1 tiles in flight (wait_group 2; sm_90 PTX, Triton 3.9).
+    if PAGE_AHEAD:
+        page = _pages(bt_row, 0, full_end, BS, BLOCK_N)
+        for start in range(0, full_end, BLOCK_N):
+            page_next = _pages(bt_row, start + BLOCK_N, full_end, BS, BLOCK_N)
+            acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr,
+                                          vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok,
+                                          stride_ch, qk_scale, k_scale, v_scale, BS, BLOCK_N,
+                                          FP8, F32, False)
+            page = page_next
+    else:
+        for start in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos,
+                                          _pages(bt_row, start, full_end, BS, BLOCK_N), kc_ptr,
+                                          vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok,
+                                          stride_ch, qk_scale, k_scale, v_scale, BS, BLOCK_N,
+                                          FP8, F32, False)
+    # The diagonal tiles (a few per query tile).
     for start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, bt_row, kc_ptr,
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos,
+                                      _pages(bt_row, start, kv_end, BS, BLOCK_N), kc_ptr,
                                       vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
                                       qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, True)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -444,6 +484,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=num_heads // num_kv_heads, D=head_dim, BLOCK_D=max(16, _pow2(head_dim)),
         BS=block_size, BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"], BLOCK_B=max(_pow2(num_seqs), PREFILL_SEQ_BLOCK), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
-        LONGEST_FIRST=bool(cfg["longest_first"]),
+        LONGEST_FIRST=bool(cfg["longest_first"]), PAGE_AHEAD=bool(cfg["page_ahead"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
     return out

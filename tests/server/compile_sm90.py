@@ -44,7 +44,8 @@ def main() -> int:
            "ctx_ptr": "*i64", "out_ptr": "*bf16", "ml_ptr": "*fp32", "acc_ptr": "*fp32",
            "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
     dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
-              "BLOCK_N": dc["block_n"], "FP8": False, "F32": False}
+              "BLOCK_N": dc["block_n"], "FP8": False, "F32": False,
+              "PAGE_AHEAD": dc["page_ahead"]}
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
@@ -83,13 +84,13 @@ def main() -> int:
         ("prefill attention", ta._prefill_kernel, attn, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
-         "LONGEST_FIRST": True},
+         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"]},
          pf["num_warps"], pf["num_stages"]),
         ("prefill attention, fp8 cache", ta._prefill_kernel,
          {**attn, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False,
-         "LONGEST_FIRST": True},
+         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"]},
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
@@ -120,6 +121,7 @@ def main() -> int:
             failed += 1
             print(f"FAILED {name}: {e!r}"[:2000])
     failed += not metadata_dtype_costs_nothing(target, attn, pf)
+    failed += not attention_copies_stay_in_flight(target, attn, pf, dec, dec_cx, dc)
     return 1 if failed else 0
 
 
@@ -154,7 +156,7 @@ def metadata_dtype_costs_nothing(target, attn: dict, pf: dict) -> bool:
     name = "prefill attention: int64 step metadata, the registers of int32"
     cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
           "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
-          "LONGEST_FIRST": True}
+          "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"]}
     aligned = ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot",
                "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
     try:
@@ -169,6 +171,49 @@ def metadata_dtype_costs_nothing(target, attn: dict, pf: dict) -> bool:
         print(f"FAILED {name}: (registers, spill bytes) {got}")
         return False
     print(f"ok {name} ({got['i64'][0]} registers, {got['i64'][1]} B spilled)")
+    return True
+
+
+def attention_copies_stay_in_flight(target, attn: dict, pf: dict, dec: dict, dec_cx: dict,
+                                    dc: dict) -> bool:
+    """The attention kernels that ship page_ahead (the prefill one; the decode one ran
+    slower with it) keep K/V copies in flight across key tiles: some
+    `cp.async.wait_group` in their PTX waits for fewer than all copies. With each tile's
+    page ids read in the tile's own step (page_ahead off) every wait was `wait_group 0`:
+    the pipeliner waited for all copies, the next tiles' too, at the top of every step."""
+    import re
+    name = "attention key loops: K/V copies stay in flight (page ids one tile ahead)"
+    attn_cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
+               "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False,
+               "F32": False, "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"], "PDL": 1}
+    # Aligned as Triton specializes the real launches (16-byte pointers and strides):
+    # otherwise the loads are not vectorized and there is no cp.async to look at.
+    cases = [(ta._prefill_kernel, attn, attn_cx, pf, ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr",
+              "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_bt", "stride_cblk",
+              "stride_ctok", "stride_ch"]),
+             (ta._decode_kernel, dec, {**dec_cx, "DIRECT": False, "PDL": 1}, dc,
+              ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr", "ml_ptr", "acc_ptr", "stride_qb",
+               "stride_qh", "stride_ob", "stride_oh", "stride_bt", "stride_cblk", "stride_ctok",
+               "stride_ch"])]
+    waits = {}
+    try:
+        for fn, ptrs, cx, cfg, aligned in cases:
+            if not cfg["page_ahead"]:   # shipped off for this kernel (timed slower)
+                continue
+            attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+            src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
+            ptx = triton.compile(src, target=target, options={
+                "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+                "launch_pdl": True}).asm["ptx"]
+            waits[fn.__name__] = sorted({int(w) for w in
+                                         re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)})
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    if not all(w and max(w) >= 1 for w in waits.values()):
+        print(f"FAILED {name}: cp.async.wait_group counts {waits}")
+        return False
+    print(f"ok {name} ({waits})")
     return True
 
 

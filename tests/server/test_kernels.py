@@ -112,10 +112,13 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("case", DECODE_CASES)
-@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float16, torch.float16),
-                                            (torch.bfloat16, torch.bfloat16),
-                                            (torch.bfloat16, FP8), (torch.float32, torch.float32)])
-def test_decode_attention(case, dtype, kv_dtype):
+@pytest.mark.parametrize("dtype,kv_dtype,page_ahead", [
+    (torch.float16, torch.float16, True), (torch.bfloat16, torch.bfloat16, True),
+    (torch.bfloat16, FP8, True), (torch.float32, torch.float32, True),
+    # page ids read in each tile's own step (DECODE_CONFIG["page_ahead"] off)
+    (torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.float32, False)])
+def test_decode_attention(case, dtype, kv_dtype, page_ahead, monkeypatch):
+    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "page_ahead", page_ahead)
     batch, hq, hk, d, bs, ctx = case
     rng = random.Random(hash((case[0], hq, d, bs)))
     nb = sum(-(-c // bs) for c in ctx) + 3
@@ -215,11 +218,14 @@ PREFILL_CASES = [
 
 
 # Launch orders (PREFILL_CONFIG["longest_first"]): heads fastest with each sequence's last
-# tiles first (shipped), and tiles fastest in order; both must equal the twin.
-PREFILL_VARIANTS = [dict(longest_first=True), dict(longest_first=False)]
+# tiles first (shipped), and tiles fastest in order; page ids one tile ahead (shipped) or
+# read in each tile's own step: each must equal the twin.
+PREFILL_VARIANTS = [dict(longest_first=True), dict(longest_first=False),
+                    dict(page_ahead=False)]
 PREFILL_DTYPES = [(torch.float16, torch.float16, 0), (torch.bfloat16, torch.bfloat16, 0),
                   (torch.bfloat16, FP8, 0), (torch.float32, torch.float32, 0),
-                  (torch.bfloat16, FP8, 1), (torch.float32, torch.float32, 1)]
+                  (torch.bfloat16, FP8, 1), (torch.float32, torch.float32, 1),
+                  (torch.bfloat16, torch.bfloat16, 2), (torch.float32, torch.float32, 2)]
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES)
