@@ -39,11 +39,11 @@ DECODE_CONFIG = {
     # 2026-12-02: 51 against 43 us at 64 x 1K, 108 against 99 at 256 x 768), off.
     "page_ahead": False,
 }
-# H200, 2026-12-02 (BENCHMARKS.md): 128 x 64 tiles, 4 warps, 3 stages run a lone 8,192-token
-# chunk over 16K of context in 3.4 ms against 4.0 for 64 x 64, and the 16K-document engine
-# run at 236 against 224 out tok/s. Before the kernel read its int64 step metadata as int32
-# (see `_prefill_kernel`) the larger tile spilled 1,092 B and lost in the engine. Short
-# chunks (16 x 512 tokens) are 15% slower with it: 0.02 ms a layer, noise in such a step.
+# H200, 2026-12-02 (evening, BENCHMARKS.md): 128 x 128 tiles, 8 warps, 3 stages with the
+# page ids read a tile ahead run a lone 8,192-token chunk over 16K of context in 3.15 ms
+# against 3.4 for the 128 x 64, 4-warp tiles shipped before (and 4.0 for 64 x 64), and the
+# 16K-document engine run at 250 against 244 out tok/s. Short chunks (16 x 512 tokens)
+# are ~4% slower with them: 0.007 ms a layer, noise in such a step.
 PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3,
                   # Heads vary fastest in launch order and a sequence's last query tiles
                   # (the most keys) launch first, so the long tiles of a causal prefill do

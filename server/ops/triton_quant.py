@@ -51,8 +51,8 @@ W4_CONFIG = {
     # 32 x 512: four 128-row groups per tile (second sweep, 2026-12-01 22:40)
     "gemv_block_n": 32, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
     # One vector load per word row's 8 activations instead of 8 scalar loads: 5.95
-    # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py),
-    # not yet timed on a GPU, so off until quant_bench's sweep picks it.
+    # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py);
+    # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
