@@ -234,12 +234,20 @@ def phase_kernels(args) -> dict:
                                (64, 128, 4, 4))], w4_fn, (16, 64, 256)))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_fp8 = sweep("fp8 gemv", tq.FP8_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps, max_split=ms)
-        for bn, bk, nw, pps, ms in ((32, 256, 4, 4, 32), (16, 512, 4, 4, 32), (32, 512, 4, 4, 32),
-                                    (64, 512, 8, 4, 32), (32, 1024, 8, 4, 32),
-                                    (16, 1024, 4, 4, 32), (16, 256, 2, 8, 32), (64, 256, 4, 4, 32),
-                                    (8, 512, 4, 4, 1), (8, 1024, 4, 4, 1), (16, 512, 4, 4, 1),
-                                    (8, 512, 2, 4, 1))], fp8_fn, (1,))
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps, max_split=ms,
+             gemv_prefetch=pf, gemv_xb=xb)
+        # gemv_prefetch / gemv_xb: where the weight and activation loads sit (FP8_CONFIG);
+        # `benchmarks/fp8_gemv_ab.py` times them alone, per layer shape
+        for bn, bk, nw, pps, ms, pf, xb in (
+            (32, 256, 4, 4, 32, False, False), (16, 512, 4, 4, 32, False, False),
+            (32, 512, 4, 4, 32, False, False), (64, 512, 8, 4, 32, False, False),
+            (32, 1024, 8, 4, 32, False, False), (16, 1024, 4, 4, 32, False, False),
+            (16, 256, 2, 8, 32, False, False), (64, 256, 4, 4, 32, False, False),
+            (8, 512, 4, 4, 1, False, False), (8, 1024, 4, 4, 1, False, False),
+            (16, 512, 4, 4, 1, False, False), (8, 512, 2, 4, 1, False, False),
+            (16, 512, 4, 4, 32, True, False), (16, 512, 4, 4, 32, False, True),
+            (16, 512, 4, 4, 32, True, True), (32, 512, 4, 4, 32, True, False),
+            (16, 256, 4, 4, 32, True, False))], fp8_fn, (1,))
     tq.FP8_CONFIG.update(tuned_fp8)
     tuned_fp8.update(sweep("fp8 w8a16 gemm", tq.FP8_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw)

@@ -99,16 +99,17 @@ def main() -> None:
             bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
         for xvec in (False, True)}
     cases |= {
-        "fp8 w8a16 gemv (per-channel scales)": (
+        f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,
             {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",
              "out_ptr": "*fp32"},
             {"ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
-             "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PDL": True},
+             "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PREFETCH": pf, "XB": xb,
+             "PDL": True},
             f8["gemv_warps"], f8["gemv_stages"],
             ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "stride_ws", *sizes],
-            f8["gemv_block_k"] * f8["gemv_block_n"] / (32 * f8["gemv_warps"])),
-    }
+            f8["gemv_block_k"] * f8["gemv_block_n"] / (32 * f8["gemv_warps"]))
+        for pf, xb in ((False, False), (True, False), (False, True), (True, True))}
     result = {}
     for name, (fn, ptrs, cx, warps, stages, aligned, per_thread) in cases.items():
         body = innermost_loop(compile_sass(fn, ptrs, cx, warps, stages, aligned))

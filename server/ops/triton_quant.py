@@ -68,6 +68,14 @@ FP8_CONFIG = {
     "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
     "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
     "gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
+    # The B=1 GEMV runs at ~3.0 TB/s (H200, 2026-12-02): its weight loads are consumed in
+    # the iteration that issues them, so only the other warps hide their latency, and the
+    # activations reach the weights' layout through shared memory (8 barriers an
+    # iteration, sm_90 SASS). gemv_prefetch: the next tile's weights load while this one
+    # is multiplied (twice the bytes in flight per thread); gemv_xb: the activations load
+    # straight into the weights' layout (redundant loads from L1, no barriers; not with
+    # the SiLU form). Same arithmetic either way; not yet timed, off.
+    "gemv_prefetch": False, "gemv_xb": False,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 3,
     "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
     "w8a8_stages": 3,
@@ -381,13 +389,23 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 # -- fp8 ------------------------------------------------------------------------------------
 
 @triton.jit
+def _fp8_tile(w_rows, n_mask, k0, offs_k, k_end):
+    """The fp8 weights of keys [k0, k0 + BLOCK_K) of the tile's rows (0 past k_end)."""
+    k = k0 + offs_k
+    return tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < k_end)[None, :], other=0.0)
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
                      stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     ACT: tl.constexpr, PDL: tl.constexpr):
+                     ACT: tl.constexpr, PREFETCH: tl.constexpr, XB: tl.constexpr,
+                     PDL: tl.constexpr):
     """ACT: x rows are `[gate | up]` (2K wide) and the GEMV's input is silu(gate) * up,
     rounded by `triton_activation.silu_mul`, as `silu_and_mul` rounds (so the same bits as
-    that kernel followed by this one, without the launch and the activations' round trip)."""
+    that kernel followed by this one, without the launch and the activations' round trip).
+    PREFETCH and XB (FP8_CONFIG's gemv_prefetch / gemv_xb) change where loads sit, not
+    what is computed: see FP8_CONFIG."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -399,23 +417,31 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    w_next = _fp8_tile(w_rows, n_mask, k_start, offs_k, k_end)
     for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < k_end
-        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        if PREFETCH:   # the next tile's weights load while this one is multiplied
+            w = w_next.to(tl.float32)
+            w_next = _fp8_tile(w_rows, n_mask, k0 + BLOCK_K, offs_k, k_end)
+        else:
+            w = _fp8_tile(w_rows, n_mask, k0, offs_k, k_end).to(tl.float32)
         if ACT:
             gate = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
             up = tl.load(x_row + K + k, mask=k_mask, other=0.0).to(tl.float32)
-            xv = triton_activation.silu_mul(gate, up, x_ptr.dtype.element_ty)
+            xv = triton_activation.silu_mul(gate, up, x_ptr.dtype.element_ty)[None, :]
+        elif XB:       # the activations loaded in the weights' layout (no shuffle)
+            xv = tl.load(x_row + k[None, :] + 0 * offs_n[:, None], mask=k_mask[None, :],
+                         other=0.0).to(tl.float32)
         else:
-            xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         if ROW_SCALE:
-            acc += w * xv[None, :]
+            acc += w * xv
         else:
             s = tl.load(ws_ptr + (offs_n // BN_S) * stride_ws + k0 // BK_S, mask=n_mask,
                         other=0.0)
-            acc += w * xv[None, :] * s[:, None]
+            acc += w * xv * s[:, None]
     out = tl.sum(acc, axis=1)
     if ROW_SCALE:
         out = out * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
@@ -552,8 +578,9 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
             out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, ACT=act, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
-            **launch_opts())
+            BLOCK_K=bk, ACT=act, PREFETCH=bool(cfg["gemv_prefetch"]),
+            XB=bool(cfg["gemv_xb"]) and not act, num_warps=cfg["gemv_warps"],
+            num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))

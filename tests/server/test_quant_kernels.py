@@ -189,6 +189,29 @@ def test_fp8_silu_linear_is_the_two_kernels_bit_for_bit(case, dtype, splits, mon
 
 
 @pytest.mark.parametrize("case", FP8_CASES)
+@pytest.mark.parametrize("prefetch,xb", [(True, False), (False, True), (True, True)])
+def test_fp8_gemv_load_placements_change_no_bit(case, prefetch, xb, monkeypatch):
+    """gemv_prefetch (the next tile's weights loaded a step ahead) and gemv_xb (the
+    activations loaded in the weights' layout) move loads, not arithmetic: the shipped
+    GEMV's bits, plain and with SiLU-and-mul in the load, with and without split-K."""
+    m, k, n, block = case
+    x, w, ws, b = fp8_case(m, k, n, block, torch.bfloat16, seed=5 * m + k)
+    gate_up = fp8_case(m, 2 * k, n, block, torch.bfloat16, seed=7 * m + k)[0] * 3
+    monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_max_m", 16)
+    for splits in (1, 1000):
+        monkeypatch.setitem(triton_quant.FP8_CONFIG, "target_programs", splits)
+        got = []
+        for on in (False, True):
+            monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_prefetch", prefetch and on)
+            monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_xb", xb and on)
+            got.append((triton_quant.fp8_w8a16_linear(x, w, ws, block, None, b, gemv=True),
+                        triton_quant.fp8_silu_linear(gate_up, w, ws, block, None, b)))
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    ref = quant.fp8_linear(x.float(), w, ws, block, None, b.float())
+    assert rel_err(got[1][0], ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_gemm_on_fp8_activations(case, dtype):
     """The fp8 x fp8 kernel on the same e4m3 activations and row scales as its twin."""
