@@ -186,12 +186,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     # Page ids one tile ahead, as in `_prefill_kernel` (PAGE_AHEAD there): the K/V loads
     # then stay pipelined instead of waiting for all copies in flight every step.
-    page_next = _pages(bt_row, lo, hi, BS, BLOCK_N)
+    if PAGE_AHEAD:
+        page_next = _pages(bt_row, lo, hi, BS, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         tok = start + n
         tmask = tok < hi
-        page = page_next
         if PAGE_AHEAD:
+            page = page_next
             page_next = _pages(bt_row, start + BLOCK_N, hi, BS, BLOCK_N)
         else:
             page = _pages(bt_row, start, hi, BS, BLOCK_N)
