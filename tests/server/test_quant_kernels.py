@@ -188,7 +188,7 @@ def test_fp8_silu_linear_is_the_two_kernels_bit_for_bit(case, dtype, splits, mon
     assert rel_err(fused, ref) <= TOL[dtype] * 2
 
 
-@pytest.mark.parametrize("case", FP8_CASES)
+@pytest.mark.parametrize("case", FP8_CASES[:3])   # decode-sized rows (the GEMV's)
 @pytest.mark.parametrize("prefetch,xb", [(True, False), (False, True), (True, True)])
 def test_fp8_gemv_load_placements_change_no_bit(case, prefetch, xb, monkeypatch):
     """gemv_prefetch (the next tile's weights loaded a step ahead) and gemv_xb (the
