@@ -431,21 +431,16 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
     # tile. Read ahead, the K/V copies take their addresses from registers and the
     # pipeline keeps num_stages - 1 tiles in flight (wait_group 2; sm_90 PTX, Triton 3.9).
     if PAGE_AHEAD:
-        page = _pages(bt_row, 0, full_end, BS, BLOCK_N)
-        for start in range(0, full_end, BLOCK_N):
-            page_next = _pages(bt_row, start + BLOCK_N, full_end, BS, BLOCK_N)
-            acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr,
-                                          vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok,
-                                          stride_ch, qk_scale, k_scale, v_scale, BS, BLOCK_N,
-                                          FP8, F32, False)
+        page_next = _pages(bt_row, 0, full_end, BS, BLOCK_N)
+    for start in range(0, full_end, BLOCK_N):
+        if PAGE_AHEAD:
             page = page_next
-    else:
-        for start in range(0, full_end, BLOCK_N):
-            acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos,
-                                          _pages(bt_row, start, full_end, BS, BLOCK_N), kc_ptr,
-                                          vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok,
-                                          stride_ch, qk_scale, k_scale, v_scale, BS, BLOCK_N,
-                                          FP8, F32, False)
+            page_next = _pages(bt_row, start + BLOCK_N, full_end, BS, BLOCK_N)
+        else:
+            page = _pages(bt_row, start, full_end, BS, BLOCK_N)
+        acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr,
+                                      vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
+                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, False)
     # The diagonal tiles (a few per query tile).
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos,

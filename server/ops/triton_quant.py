@@ -418,7 +418,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
-    w_next = _fp8_tile(w_rows, n_mask, k_start, offs_k, k_end)
+    if PREFETCH:
+        w_next = _fp8_tile(w_rows, n_mask, k_start, offs_k, k_end)
     for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < k_end
