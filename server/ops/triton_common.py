@@ -113,3 +113,50 @@ def pdl_wait(PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
     if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+# -- splits reduced by their last arrival -----------------------------------------------------
+# A kernel that splits its reduction axis over programs (split-K GEMVs, long-context
+# decode attention) used to write float32 partials and launch a second kernel to sum them:
+# at batch 1 that is 84 more launches a step, each a few microseconds of launch gap and
+# tail. Instead every program of a tile writes its partial and counts itself in on an
+# arrival counter; the one that arrives last sums the partials in split order (the same
+# additions the second kernel did, so the same bits) and resets the counter to zero for
+# the next launch. No program waits on another, so no grid size or residency can
+# deadlock, and a captured CUDA graph replays it as it is (the counters are zero between
+# launches). The counters are one per-device buffer shared by every such kernel: launches
+# on a stream run one after another (with PDL too: `pdl_wait` returns only once the kernel
+# before has finished and its writes are visible).
+COUNTER_SLOTS = 1 << 16
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, slots: int) -> torch.Tensor | None:
+    """The device's zeroed arrival counters, or None when `slots` do not fit or the buffer
+    would first be allocated inside a CUDA-graph capture (the engine's warm-up launches
+    every such kernel eagerly before it captures; a caller falls back to its two-kernel
+    form)."""
+    if slots > COUNTER_SLOTS:
+        return None
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def last_arrival(cnt_ptr, arrivals):
+    """True in the one program of the `arrivals` sharing `cnt_ptr` that counts itself in
+    last, which then sees every other one's stores (the barrier orders this program's own
+    stores before its release; the acquire, before its loads: CUTLASS's split-K
+    semaphore). It resets the counter for the next launch. Read the others' partials
+    with `.cg` loads (L2, never a stale L1 line)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == arrivals - 1
+    if last:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    return last

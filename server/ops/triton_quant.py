@@ -14,7 +14,9 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   takes their 8 nibbles as above and multiplies them by the matching 8 activations,
   accumulating float32 partial sums; the zero point comes out of the loop
   (`sum x (q - z) = sum x q - z sum x`) and each group's scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
-  1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer summed after.
+  1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer that the
+  tile's last program sums in split order (`_store_split`, arrival counters in
+  `triton_common`), or a second kernel after (`fused_reduce` off).
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
   dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
 - From `W4_CONFIG['dequant_min_m']` rows (prefill), `_w4_dequant_kernel` writes the
@@ -33,6 +35,8 @@ on the GPU; tests shrink them). No kernel reads a device value back: CUDA-graph 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +46,7 @@ from pagefleet.server.ops import triton_activation
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
-from pagefleet.server.ops.triton_common import sm_count
+from pagefleet.server.ops.triton_common import arrival_counters, last_arrival, sm_count
 
 # Launch configs and crossovers as the H200 sweep of 2026-12-01 picked them
 # (`benchmarks/quant_bench.py --phases kernels`, BENCHMARKS.md); other GPUs run them too.
@@ -59,6 +63,7 @@ W4_CONFIG = {
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
     "programs_per_sm": 4,
     "max_split": 32,
+    "fused_reduce": True,   # split-K partials summed by the tile's last program (below)
     "dequant_min_m": 64,    # rows from which the weight is dequantized whole for cuBLAS
     "dequant_block_r": 16, "dequant_block_n": 128,
 }
@@ -83,6 +88,7 @@ FP8_CONFIG = {
     "target_programs": None,
     "programs_per_sm": 4,
     "max_split": 32,
+    "fused_reduce": True,   # split-K partials summed by the tile's last program (below)
     "act_block": 1024,
 }
 
@@ -131,20 +137,45 @@ def _gemv_tile(block_k: int, group: int, k: int) -> tuple[int, int]:
     return _group_block(block_k, group, k), 1
 
 
-def _out_buffer(splits: int, m: int, n: int, x: torch.Tensor, dtype: torch.dtype,
-                bias) -> tuple[torch.Tensor, bool]:
+@dataclass
+class _Outputs:
+    """Where a split-K launch writes. `part`: what the kernel's per-split stores go to
+    (the result itself for one split); `res`: the result; `cnt`: arrival counters when
+    the last program of each tile sums the splits (`fused`), else the splits are summed
+    by `_splitk_reduce_kernel` after; `kernel_bias`: the kernel adds the bias."""
+
+    part: torch.Tensor
+    res: torch.Tensor
+    cnt: torch.Tensor
+    fused: bool
+    kernel_bias: bool
+    splits_pad: int = 1   # the fused sum's unrolled loads (a power of two: few variants)
+
+    def result(self, splits: int, bias, dtype) -> torch.Tensor:
+        if splits == 1:
+            return self.part[0]
+        return self.res if self.fused else _finish(self.part, splits, bias, dtype)
+
+
+def _outputs(splits: int, m: int, n: int, tiles: int, x: torch.Tensor, dtype: torch.dtype,
+             bias, cfg: dict) -> _Outputs:
     """One split: the output itself (the kernel adds the bias and rounds once); several:
-    float32 partial sums, reduced by `_finish`."""
+    float32 partial sums, reduced in the kernel by each tile's last program
+    (cfg['fused_reduce'], where the counters fit) or by `_finish`."""
     if splits == 1:
-        return torch.empty(1, m, n, device=x.device, dtype=dtype), bias is not None
-    return torch.empty(splits, m, n, device=x.device, dtype=torch.float32), False
+        out = torch.empty(1, m, n, device=x.device, dtype=dtype)
+        return _Outputs(out, out, out, False, bias is not None)
+    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+    cnt = arrival_counters(x.device, tiles) if cfg["fused_reduce"] else None
+    if cnt is None:
+        return _Outputs(part, part, part, False, False)
+    res = torch.empty(m, n, device=x.device, dtype=dtype)
+    return _Outputs(part, res, cnt, True, bias is not None, triton.next_power_of_2(splits))
 
 
 def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
-    """The output: split 0 as it is, or the K splits summed with the bias added and
-    rounded once, in one kernel (one launch more per layer, not three)."""
-    if splits == 1:
-        return out[0]
+    """The K splits summed with the bias added and rounded once, in one kernel (the
+    two-kernel form of `_store_split`'s FUSED sum)."""
     _, m, n = out.shape
     res = torch.empty(m, n, device=out.device, dtype=dtype)
     block = 1024
@@ -166,6 +197,33 @@ def _splitk_reduce_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLITS: tl.constexpr,
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_split(val, part_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, MN, offs, n_offs,
+                 mask, HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr):
+    """A program's float32 result `val` for the flat output offsets `offs` (`n_offs`: their
+    columns). Not FUSED: stored as it is (plus the bias, HAS_BIAS) to split `pid_s` of
+    `part_ptr`, in part_ptr's dtype. FUSED: stored to its split, and the tile's last
+    program sums every split in order, adds the bias and rounds once into `res_ptr`: the
+    additions `_splitk_reduce_kernel` makes, so the same bits."""
+    if FUSED:
+        tl.store(part_ptr + pid_s.to(tl.int64) * MN + offs, val, mask=mask)
+        if last_arrival(cnt_ptr + tile, splits):
+            acc = tl.zeros_like(val)
+            for sp in tl.static_range(SPLITS_PAD):   # unrolled: every load in flight at once
+                live = (offs * 0 + sp) < splits          # (a tensor: the interpreter's masks)
+                p = tl.load(part_ptr + sp * MN + offs, mask=mask & live, other=0.0,
+                            cache_modifier=".cg")
+                acc = tl.where(live, acc + p, acc)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + n_offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(res_ptr + offs, acc.to(res_ptr.dtype.element_ty), mask=mask)
+    else:
+        if HAS_BIAS:
+            val += tl.load(b_ptr + n_offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(part_ptr + pid_s.to(tl.int64) * MN + offs,
+                 val.to(part_ptr.dtype.element_ty), mask=mask)
 
 
 # -- w4a16 ----------------------------------------------------------------------------------
@@ -202,11 +260,13 @@ def _split8(xv, A: tl.constexpr, B: tl.constexpr):
     return x0, x1, x2, x3, x4, x5, x6, x7
 
 
-@triton.jit
-def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_os,
-                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GPT: tl.constexpr, XVEC: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["splits"])
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
+                    stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
+                    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
@@ -264,17 +324,18 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, stride_xm
         else:
             acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
     out = tl.sum(tl.sum(acc, axis=1), axis=0)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
-             out.to(out_ptr.dtype.element_ty), mask=n_mask)
+    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
+                 pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
+                 HAS_BIAS, SPLITS_PAD, FUSED)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_os,
-                    stride_om, group_size, k_per_split, HAS_ZERO: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "splits"])
+def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
+                    stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
+                    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    PDL: tl.constexpr):
     pdl_wait(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -301,11 +362,10 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride
             z = tl.full((BLOCK_N,), 8.0, tl.float32)
         w = (_q_minus_z(qw >> ((k % 8) * 4)[:, None], z[None, :]) * s[None, :]).to(a.dtype)
         acc += _dot(a, w, F32)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
-             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    _store_split(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, pid_m * tl.num_programs(1) + pid_n,
+                 splits, pid_s, stride_os, offs_m.to(tl.int64)[:, None] * stride_om
+                 + offs_n[None, :], offs_n[None, :], m_mask[:, None] & n_mask[None, :],
+                 HAS_BIAS, SPLITS_PAD, FUSED)
 
 
 @triton.jit
@@ -367,23 +427,25 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         bn = cfg["gemv_block_n"]
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
+        o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
-            x, qweight, scales, zp, bp, out, n, k, x.stride(0), out.stride(0), out.stride(1),
-            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), num_warps=cfg["gemv_warps"],
+            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
+            o.part.stride(0), o.part.stride(1), group_size, per, splits,
+            HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out, has_bias = _out_buffer(splits, m, n, x, x.dtype, bias)
+        o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
         _w4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
-            x, qweight, scales, zp, bp, out, m, n, k, x.stride(0), out.stride(0), out.stride(1),
-            group_size, per, HAS_ZERO=zeros is not None, HAS_BIAS=has_bias, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, num_warps=cfg["gemm_warps"],
+            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+            o.part.stride(0), o.part.stride(1), group_size, per, splits,
+            HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemm_warps"],
             num_stages=cfg["gemm_stages"], **launch_opts())
-    return _finish(out, splits, bias, x.dtype)
+    return o.result(splits, bias, x.dtype)
 
 
 # -- fp8 ------------------------------------------------------------------------------------
@@ -395,12 +457,13 @@ def _fp8_tile(w_rows, n_mask, k0, offs_k, k_end):
     return tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < k_end)[None, :], other=0.0)
 
 
-@triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stride_ws,
-                     stride_os, stride_om, k_per_split, BN_S, BK_S, ROW_SCALE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     ACT: tl.constexpr, PREFETCH: tl.constexpr, XB: tl.constexpr,
-                     PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["splits"])
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K, stride_xm,
+                     stride_ws, stride_os, stride_om, k_per_split, splits, BN_S, BK_S,
+                     ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, ACT: tl.constexpr, PREFETCH: tl.constexpr,
+                     XB: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    PDL: tl.constexpr):
     """ACT: x rows are `[gate | up]` (2K wide) and the GEMV's input is silu(gate) * up,
     rounded by `triton_activation.silu_mul`, as `silu_and_mul` rounds (so the same bits as
     that kernel followed by this one, without the launch and the activations' round trip).
@@ -446,19 +509,18 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, N, K, stride_xm, stri
     out = tl.sum(acc, axis=1)
     if ROW_SCALE:
         out = out * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + m.to(tl.int64) * stride_om + offs_n,
-             out.to(out_ptr.dtype.element_ty), mask=n_mask)
+    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
+                 pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
+                 HAS_BIAS, SPLITS_PAD, FUSED)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
-                     stride_ws, stride_os, stride_om, k_per_split, BN_S, BK_S,
+@triton.jit(do_not_specialize=["M", "splits"])
+def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
+                     stride_xm, stride_ws, stride_os, stride_om, k_per_split, splits, BN_S, BK_S,
                      ROW_SCALE: tl.constexpr, W8A8: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
-                     PDL: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     F32: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    PDL: tl.constexpr):
     """W8A8 False: x in its dtype, fp8 weights upcast (w8a16). W8A8 True: x is e4m3
     with per-row scales `as_ptr`, an fp8 x fp8 dot."""
     pdl_wait(PDL)
@@ -493,11 +555,10 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, as_ptr, b_ptr, out_ptr, M, N, K, stri
         acc = acc * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)[None, :]
     if W8A8:
         acc = acc * tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + pid_s.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
-             + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    _store_split(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, pid_m * tl.num_programs(1) + pid_n,
+                 splits, pid_s, stride_os, offs_m.to(tl.int64)[:, None] * stride_om
+                 + offs_n[None, :], offs_n[None, :], m_mask[:, None] & n_mask[None, :],
+                 HAS_BIAS, SPLITS_PAD, FUSED)
 
 
 @triton.jit
@@ -575,27 +636,29 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
     if gemv:
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
+        o = _outputs(splits, m, n, tiles, x, dtype, bias, cfg)
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
-            x, weight, ws, bp, out, n, k, x.stride(0), ws.stride(0), out.stride(0),
-            out.stride(1), per, bn_s, bk_s, ROW_SCALE=row, HAS_BIAS=has_bias, BLOCK_N=bn,
-            BLOCK_K=bk, ACT=act, PREFETCH=bool(cfg["gemv_prefetch"]),
-            XB=bool(cfg["gemv_xb"]) and not act, num_warps=cfg["gemv_warps"],
-            num_stages=cfg["gemv_stages"], **launch_opts())
+            x, weight, ws, bp, o.part, o.res, o.cnt, n, k, x.stride(0), ws.stride(0),
+            o.part.stride(0), o.part.stride(1), per, splits, bn_s, bk_s, ROW_SCALE=row,
+            HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk, ACT=act,
+            PREFETCH=bool(cfg["gemv_prefetch"]), XB=bool(cfg["gemv_xb"]) and not act,
+            SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
+            **launch_opts())
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         splits, per = _splits(tiles, k, bk, x.device, cfg)
-        out, has_bias = _out_buffer(splits, m, n, x, dtype, bias)
+        o = _outputs(splits, m, n, tiles, x, dtype, bias, cfg)
         warps = cfg["w8a8_warps" if w8a8 else "gemm_warps"]
         stages = cfg["w8a8_stages" if w8a8 else "gemm_stages"]
         _fp8_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
-            x, weight, ws, a_scale if a_scale is not None else ws, bp, out, m, n, k,
-            x.stride(0), ws.stride(0), out.stride(0), out.stride(1), per, bn_s, bk_s,
-            ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            F32=_INTERPRET, num_warps=warps, num_stages=stages, **launch_opts())
-    return _finish(out, splits, bias, dtype)
+            x, weight, ws, a_scale if a_scale is not None else ws, bp, o.part, o.res, o.cnt,
+            m, n, k, x.stride(0), ws.stride(0), o.part.stride(0), o.part.stride(1), per,
+            splits, bn_s, bk_s, ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=o.kernel_bias, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=warps,
+            num_stages=stages, **launch_opts())
+    return o.result(splits, bias, dtype)
 
 
 def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -32,9 +32,13 @@ def main() -> int:
     attn = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "cu_ptr": "*i64",
             "ctx_ptr": "*i64", "bt_ptr": "*i32", "out_ptr": "*bf16",
             "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
-    int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
+    # out_ptr: float32 split-K partials; res_ptr: the result their last program sums
+    int4 = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16",
+            "res_ptr": "*bf16", "cnt_ptr": "*i32"}
     fp8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "as_ptr": "*fp32",
-           "b_ptr": "*bf16"}
+           "b_ptr": "*bf16", "res_ptr": "*bf16", "cnt_ptr": "*i32"}
+    one = {"SPLITS_PAD": 1, "FUSED": False}    # one split, or partials summed after
+    fused = {"SPLITS_PAD": 4, "FUSED": True}   # summed by each tile's last program
     rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "q_ptr": "*bf16", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "qo_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16",
             "k_scale": "fp32", "v_scale": "fp32"}
@@ -50,18 +54,19 @@ def main() -> int:
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
-         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"]},
+         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
+         **one},
          w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemv, vector activation loads", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
-         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True},
+         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True, **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"],
-         "GPT": 1, "XVEC": w4["gemv_xvec"]}, w4["gemv_warps"], w4["gemv_stages"]),
+         "GPT": 1, "XVEC": w4["gemv_xvec"], **fused}, w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
-         "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False},
+         "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),
         ("w4 dequant", tq._w4_dequant_kernel, {**int4, "out_ptr": "*bf16"},
          {"HAS_ZERO": True, "BLOCK_R": w4["dequant_block_r"], "BLOCK_N": w4["dequant_block_n"]},
@@ -70,22 +75,24 @@ def main() -> int:
          {"SPLITS": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 2),
         ("fp8 gemv", tq._fp8_gemv_kernel, fp8, {"ROW_SCALE": True, "HAS_BIAS": False,
          "BLOCK_N": f8["gemv_block_n"], "BLOCK_K": f8["gemv_block_k"], "ACT": False,
-         "PREFETCH": f8["gemv_prefetch"], "XB": f8["gemv_xb"]},
+         "PREFETCH": f8["gemv_prefetch"], "XB": f8["gemv_xb"], **one},
          f8["gemv_warps"], f8["gemv_stages"]),
         ("fp8 gemv, SiLU-and-mul in the activation load", tq._fp8_gemv_kernel, fp8, {
          "ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
          "BLOCK_K": f8["gemv_block_k"], "ACT": True, "PREFETCH": f8["gemv_prefetch"],
-         "XB": False}, f8["gemv_warps"], f8["gemv_stages"]),
+         "XB": False, **fused}, f8["gemv_warps"], f8["gemv_stages"]),
         ("fp8 gemv, weights prefetched, activations in their layout", tq._fp8_gemv_kernel,
          fp8, {"ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
-               "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PREFETCH": True, "XB": True},
+               "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PREFETCH": True, "XB": True,
+               **fused},
          f8["gemv_warps"], f8["gemv_stages"]),
         ("fp8 w8a16 gemm", tq._fp8_gemm_kernel, fp8, {"ROW_SCALE": False, "W8A8": False,
          "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": f8["gemm_block_n"],
-         "BLOCK_K": f8["gemm_block_k"], "F32": False}, f8["gemm_warps"], f8["gemm_stages"]),
+         "BLOCK_K": f8["gemm_block_k"], "F32": False, **fused}, f8["gemm_warps"],
+         f8["gemm_stages"]),
         ("fp8 w8a8 gemm", tq._fp8_gemm_kernel, {**fp8, "x_ptr": "*fp8e4nv"}, {"ROW_SCALE": True,
          "W8A8": True, "HAS_BIAS": False, "BLOCK_M": f8["w8a8_block_m"],
-         "BLOCK_N": f8["w8a8_block_n"], "BLOCK_K": f8["w8a8_block_k"], "F32": False},
+         "BLOCK_N": f8["w8a8_block_n"], "BLOCK_K": f8["w8a8_block_k"], "F32": False, **one},
          f8["w8a8_warps"], f8["w8a8_stages"]),
         ("prefill attention", ta._prefill_kernel, attn, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],

@@ -136,6 +136,46 @@ def test_w4a16_split_k_and_single_split_agree(monkeypatch):
             assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, 32, b), ref) <= 1e-5
 
 
+@pytest.mark.parametrize("path", ["w4_gemv", "w4_gemm", "fp8_gemv", "fp8_silu", "fp8_gemm",
+                                  "fp8_a8"])
+def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, monkeypatch):
+    """`fused_reduce`: each tile's last program sums the K splits (arrival counters)
+    instead of `_splitk_reduce_kernel` after: the same bits, with a bias and without, and
+    every counter back at zero for the next launch (a captured graph replays on them)."""
+    from pagefleet.server.ops import triton_common
+    w4 = path.startswith("w4")
+    cfg = triton_quant.W4_CONFIG if w4 else triton_quant.FP8_CONFIG
+    monkeypatch.setitem(cfg, "target_programs", 1000)           # as many splits as tiles
+    monkeypatch.setitem(cfg, "gemv_max_m", 16 if path.endswith(("gemv", "silu")) else 0)
+    if w4:
+        monkeypatch.setitem(cfg, "dequant_min_m", 10 ** 9)
+        x, qw, s, z, b = int4_case(3, 200, 40, 32, True, torch.bfloat16, seed=11)
+        run = lambda bias: triton_quant.w4a16_linear(x, qw, s, z, 32, bias)  # noqa: E731
+    else:
+        block = (1, 200)
+        x, w, ws, b = fp8_case(3, 200, 40, block, torch.bfloat16, seed=13)
+        gate_up = fp8_case(3, 400, 40, block, torch.bfloat16, seed=17)[0]
+        q, a_scale = quant.quantize_fp8_per_token(x)
+        run = {"fp8_gemv": lambda bias: triton_quant.fp8_w8a16_linear(x, w, ws, block, None, bias),
+               "fp8_silu": lambda bias: triton_quant.fp8_silu_linear(gate_up, w, ws, block,
+                                                                      None, bias),
+               "fp8_gemm": lambda bias: triton_quant.fp8_w8a16_linear(x, w, ws, block, None,
+                                                                       bias),
+               "fp8_a8": lambda bias: triton_quant.fp8_gemm_a8(q, a_scale, w, ws, block, bias,
+                                                               torch.bfloat16, scaled_mm=False),
+               }[path]
+    for bias in (b, None):
+        got = []
+        for fused in (False, True):
+            monkeypatch.setitem(cfg, "fused_reduce", fused)
+            got.append(run(bias))
+        assert torch.equal(got[0], got[1])
+        counters = triton_common.arrival_counters(x.device, 1)
+        assert counters is not None and not counters.any()
+    # the splits really were several, and the counters took part
+    assert triton_quant._splits(1, 200, 32, x.device, cfg)[0] > 1
+
+
 def fp8_case(m, k, n, block, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n, k, generator=g) * 3).to(FP8).to(DEV)

@@ -1,0 +1,130 @@
+"""The B=1 quantized GEMVs of a whole decode step, variant against variant, on one GPU.
+
+A decode step at batch 1 reads every linear layer's weights once: 28 decoder layers x
+(qkv, o, gate_up, down) of a Qwen2.5-7B shape. This builds that many distinct weights
+(random: fp8 e4m3 with row scales, and AWQ-layout int4 with 128-row groups), so nothing
+is served from L2 as it would be if one layer were timed over and over, captures the
+step's 112 GEMVs (the down projections with SiLU-and-mul as the engine runs them) in
+one CUDA graph with the process's PDL mode, and times its replay for each variant of
+FP8_CONFIG / W4_CONFIG below. Each variant's output is compared with the first one's
+(the variants move loads or where the K splits are summed, not arithmetic: bit for bit).
+
+    OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import log, median_ms  # noqa: E402
+
+LAYERS = 28
+# (N, K) of one Qwen2.5-7B decoder layer's linear layers; gate_up's output feeds down
+SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584),
+          "down": (3584, 18944)}
+VARIANTS = {
+    "fp8": [{}, {"fused_reduce": False}, {"gemv_prefetch": True}, {"gemv_xb": True},
+            {"gemv_prefetch": True, "gemv_xb": True}, {"programs_per_sm": 2},
+            {"programs_per_sm": 8}],
+    "w4": [{}, {"fused_reduce": False}, {"gemv_xvec": True}, {"programs_per_sm": 8}],
+}
+
+
+def _fp8_layers(torch, quant):
+    layers = []
+    for i in range(LAYERS):
+        layer = {}
+        for name, (n, k) in SHAPES.items():
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            layer[name] = quant.quantize_fp8_rows(w)
+            del w
+        layers.append(layer)
+    return layers
+
+
+def _w4_layers(torch):
+    layers = []
+    for i in range(LAYERS):
+        layer = {}
+        for name, (n, k) in SHAPES.items():
+            qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+            s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).half()
+            z = torch.randint(0, 16, (k // 128, n), device="cuda", dtype=torch.uint8)
+            layer[name] = (qw, s, z)
+        layers.append(layer)
+    return layers
+
+
+def _step(fmt, tq, layers, xs):
+    """The step's GEMVs in engine order; returns the last layer's outputs."""
+    outs = []
+    for layer in layers:
+        outs = []
+        for name, (n, k) in SHAPES.items():
+            if fmt == "fp8":
+                w, ws = layer[name]
+                if name == "down":
+                    outs.append(tq.fp8_silu_linear(xs["gate_up2"], w, ws, (1, k)))
+                else:
+                    outs.append(tq.fp8_linear(xs[name], w, ws, (1, k)))
+            else:
+                qw, s, z = layer[name]
+                outs.append(tq.w4a16_linear(xs[name], qw, s, z, 128))
+    return outs
+
+
+def main() -> None:
+    import torch
+
+    from pagefleet.server.ops import quant
+    from pagefleet.server.ops import triton_quant as tq
+    fmts = sys.argv[1].split(",") if len(sys.argv) > 1 else ["fp8", "w4"]
+    out_dir = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    xs = {name: torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+          for name, (n, k) in SHAPES.items()}
+    xs["gate_up2"] = torch.randn(1, 2 * SHAPES["down"][1], device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for fmt in fmts:
+        cfg = tq.FP8_CONFIG if fmt == "fp8" else tq.W4_CONFIG
+        layers = _fp8_layers(torch, quant) if fmt == "fp8" else _w4_layers(torch)
+        per_layer = sum(n * k for n, k in SHAPES.values())
+        nbytes = LAYERS * per_layer * (1 if fmt == "fp8" else 0.5 + 3 / 128)
+        base = dict(cfg)
+        ref = None
+        for var in VARIANTS[fmt]:
+            cfg.update(var)
+            row = {"format": fmt, "variant": var or "shipped"}
+            try:
+                out = _step(fmt, tq, layers, xs)          # compiles, allocates counters
+                torch.cuda.synchronize()
+                ref = ref or out
+                row["bit_identical"] = all(torch.equal(a, b) for a, b in zip(out, ref))
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    _step(fmt, tq, layers, xs)
+                row["step_gemv_ms"] = median_ms(g.replay, n=30)
+                row["TBps"] = nbytes / (row["step_gemv_ms"] / 1e3) / 1e12
+                del g
+            except Exception as e:  # noqa: BLE001 - a variant that does not compile
+                row["error"] = repr(e)[:300]
+            cfg.clear()
+            cfg.update(base)
+            log(f"gemv step {row}")
+            rows.append(row)
+        del layers
+        torch.cuda.empty_cache()
+    for r in rows:
+        print(f"{r['format']:4s} {json.dumps(r['variant']):48s} "
+              f"{r.get('step_gemv_ms', float('nan')):7.3f} ms  {r.get('TBps', 0):5.2f} TB/s  "
+              f"same bits: {r.get('bit_identical')}  {r.get('error', '')}")
+    (out_dir / "gemv_step_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
