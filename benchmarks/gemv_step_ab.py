@@ -10,6 +10,7 @@ FP8_CONFIG / W4_CONFIG below. Each variant's output is compared with the first o
 (the variants move loads or where the K splits are summed, not arithmetic: bit for bit).
 
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
+                                                           # ("best": the fastest variants)
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ LAYERS = 28
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584),
           "down": (3584, 18944)}
 VARIANTS = {
-    "fp8": [{}, {"fused_reduce": False}, {"gemv_prefetch": True}, {"gemv_xb": True},
-            {"gemv_prefetch": True, "gemv_xb": True}, {"programs_per_sm": 2},
-            {"programs_per_sm": 8}],
-    "w4": [{}, {"fused_reduce": False}, {"gemv_xvec": True}, {"programs_per_sm": 8}],
+    # the first is the shipped config; programs_per_sm changes the splits (other bits)
+    "fp8": [{}, {"fused_reduce": False}, {"gemv_kchunk": 16}, {"gemv_kchunk": 16, "programs_per_sm": 6},
+            {"gemv_kchunk": 16, "programs_per_sm": 8}, {"gemv_kchunk": 32, "programs_per_sm": 8},
+            {"gemv_kchunk": 16, "gemv_block_k": 1024, "programs_per_sm": 8},
+            {"gemv_kchunk": 16, "gemv_block_k": 1024, "gemv_warps": 8, "programs_per_sm": 8},
+            {"gemv_kchunk": 16, "gemv_block_n": 8, "gemv_block_k": 1024, "programs_per_sm": 8},
+            {"gemv_kchunk": 16, "gemv_xb": True, "programs_per_sm": 8},
+            {"gemv_kchunk": 16, "gemv_block_n": 32, "gemv_block_k": 256, "programs_per_sm": 8}],
+    "w4": [{}, {"fused_reduce": False}, {"programs_per_sm": 8}],
 }
 
 
@@ -123,7 +129,16 @@ def main() -> None:
         print(f"{r['format']:4s} {json.dumps(r['variant']):48s} "
               f"{r.get('step_gemv_ms', float('nan')):7.3f} ms  {r.get('TBps', 0):5.2f} TB/s  "
               f"same bits: {r.get('bit_identical')}  {r.get('error', '')}")
-    (out_dir / "gemv_step_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
+    best = {}
+    for fmt in fmts:
+        ok = [r for r in rows if r["format"] == fmt and "step_gemv_ms" in r]
+        if ok:
+            pick = min(ok, key=lambda r: r["step_gemv_ms"])
+            best["FP8_CONFIG" if fmt == "fp8" else "W4_CONFIG"] = \
+                pick["variant"] if isinstance(pick["variant"], dict) else {}
+    print(f"best: {json.dumps(best)}")
+    (out_dir / "gemv_step_ab.json").write_text(json.dumps({"rows": rows, "best": best},
+                                                          indent=1))
 
 
 if __name__ == "__main__":

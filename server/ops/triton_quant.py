@@ -81,6 +81,11 @@ FP8_CONFIG = {
     # straight into the weights' layout (redundant loads from L1, no barriers; not with
     # the SiLU form). Same arithmetic either way; not yet timed, off.
     "gemv_prefetch": False, "gemv_xb": False,
+    # gemv_kchunk > 1: the accumulator is [BLOCK_N, BLOCK_K / kchunk], each thread summing
+    # its kchunk contiguous products every step, instead of [BLOCK_N, BLOCK_K] summed at
+    # the end: 126 registers a thread at 16 x 512 (sm_90 ptxas) is 4 programs an SM, so
+    # few weight bytes in flight. Sums in another order (not the same bits as 1).
+    "gemv_kchunk": 1,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 3,
     "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
     "w8a8_stages": 3,
@@ -462,7 +467,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, 
                      stride_ws, stride_os, stride_om, k_per_split, splits, BN_S, BK_S,
                      ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, ACT: tl.constexpr, PREFETCH: tl.constexpr,
-                     XB: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                     XB: tl.constexpr, KCHUNK: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                     FUSED: tl.constexpr,
                     PDL: tl.constexpr):
     """ACT: x rows are `[gate | up]` (2K wide) and the GEMV's input is silu(gate) * up,
     rounded by `triton_activation.silu_mul`, as `silu_and_mul` rounds (so the same bits as
@@ -476,7 +482,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if KCHUNK > 1:   # each thread's KCHUNK contiguous products summed every step
+        acc = tl.zeros((BLOCK_N, BLOCK_K // KCHUNK), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
@@ -501,11 +510,15 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, 
         else:
             xv = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         if ROW_SCALE:
-            acc += w * xv
+            prod = w * xv
         else:
             s = tl.load(ws_ptr + (offs_n // BN_S) * stride_ws + k0 // BK_S, mask=n_mask,
                         other=0.0)
-            acc += w * xv * s[:, None]
+            prod = w * xv * s[:, None]
+        if KCHUNK > 1:
+            acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // KCHUNK, KCHUNK)), axis=2)
+        else:
+            acc += prod
     out = tl.sum(acc, axis=1)
     if ROW_SCALE:
         out = out * tl.load(ws_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
@@ -642,6 +655,7 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             o.part.stride(0), o.part.stride(1), per, splits, bn_s, bk_s, ROW_SCALE=row,
             HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk, ACT=act,
             PREFETCH=bool(cfg["gemv_prefetch"]), XB=bool(cfg["gemv_xb"]) and not act,
+            KCHUNK=min(int(cfg["gemv_kchunk"]), bk),
             SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
             **launch_opts())
     else:

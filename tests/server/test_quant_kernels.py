@@ -251,6 +251,28 @@ def test_fp8_gemv_load_placements_change_no_bit(case, prefetch, xb, monkeypatch)
     assert rel_err(got[1][0], ref) <= TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("case", FP8_CASES[:3])   # decode-sized rows (the GEMV's)
+@pytest.mark.parametrize("kchunk", [4, 16])
+def test_fp8_gemv_chunked_accumulator(case, kchunk, monkeypatch):
+    """gemv_kchunk: the GEMV's accumulator summed a chunk of products per step (fewer
+    registers): the twin's result within rounding, for row and block scales, with
+    SiLU-and-mul in the load, with and without split-K (float32: the order of the sum is
+    all that changes)."""
+    m, k, n, block = case
+    x, w, ws, b = fp8_case(m, k, n, block, torch.float32, seed=11 * m + k)
+    gate_up = fp8_case(m, 2 * k, n, block, torch.float32, seed=13 * m + k)[0]
+    monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_max_m", 16)
+    monkeypatch.setitem(triton_quant.FP8_CONFIG, "gemv_kchunk", kchunk)
+    ref = quant.fp8_linear(x, w, ws, block, None, b)
+    ref_silu = quant.fp8_linear(activation.silu_and_mul(gate_up), w, ws, block, None, b)
+    for splits in (1, 1000):
+        monkeypatch.setitem(triton_quant.FP8_CONFIG, "target_programs", splits)
+        out = triton_quant.fp8_w8a16_linear(x, w, ws, block, None, b, gemv=True)
+        assert rel_err(out, ref) <= 1e-6
+        assert rel_err(triton_quant.fp8_silu_linear(gate_up, w, ws, block, None, b),
+                       ref_silu) <= 1e-6
+
+
 @pytest.mark.parametrize("case", FP8_CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_gemm_on_fp8_activations(case, dtype):
