@@ -28,14 +28,15 @@ LAYERS = 28
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584),
           "down": (3584, 18944)}
 VARIANTS = {
-    # the first is the shipped config; programs_per_sm changes the splits (other bits)
-    "fp8": [{}, {"fused_reduce": False}, {"gemv_kchunk": 16}, {"gemv_kchunk": 16, "programs_per_sm": 6},
-            {"gemv_kchunk": 16, "programs_per_sm": 8}, {"gemv_kchunk": 32, "programs_per_sm": 8},
-            {"gemv_kchunk": 16, "gemv_block_k": 1024, "programs_per_sm": 8},
-            {"gemv_kchunk": 16, "gemv_block_k": 1024, "gemv_warps": 8, "programs_per_sm": 8},
-            {"gemv_kchunk": 16, "gemv_block_n": 8, "gemv_block_k": 1024, "programs_per_sm": 8},
-            {"gemv_kchunk": 16, "gemv_xb": True, "programs_per_sm": 8},
-            {"gemv_kchunk": 16, "gemv_block_n": 32, "gemv_block_k": 256, "programs_per_sm": 8}],
+    # the first is the shipped config; programs per SM and tile sizes change the splits or
+    # the order of the sums (other bits)
+    "fp8": [{}, {"gemv_kchunk": 1, "gemv_block_n": 16, "gemv_block_k": 512,
+                 "gemv_programs_per_sm": 4},          # shipped until 2026-12-02 (night)
+            {"fused_reduce": False}, {"gemv_kchunk": 8}, {"gemv_programs_per_sm": 6},
+            {"gemv_programs_per_sm": 12}, {"gemv_block_n": 64, "gemv_block_k": 128},
+            {"gemv_block_n": 32, "gemv_block_k": 512}, {"gemv_block_n": 16, "gemv_block_k": 256},
+            {"gemv_block_n": 64, "gemv_block_k": 256, "gemv_warps": 8}, {"gemv_warps": 2},
+            {"gemv_block_n": 32, "gemv_block_k": 128, "gemv_warps": 2}],
     "w4": [{}, {"fused_reduce": False}, {"programs_per_sm": 8}],
 }
 

@@ -28,7 +28,7 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
            longdoc_pick with attn's pick as PREFILL_CONFIG, longdoc_64x32 with 64 x 32 tiles,
            longdoc_no_ahead with page_ahead off in both attention kernels, longdoc_before
            with the tiles shipped before 2026-12-02 (evening): 128 x 64, 4 warps, no page_ahead
-  dattn    the decode kernel with page_ahead on and off, batch 1-256, contexts 768-16K
+  dattn    the decode kernel per DECODE_CONFIG variant, batch 1-256, contexts 768-16K
 The model is the Qwen2.5-7B shape with random weights (benchmarks/build_model.py).
 """
 
@@ -157,42 +157,69 @@ def phase_attn() -> dict:
             "flushed_totals": {str(k): v for k, v in tot.items()}}
 
 
+# DECODE_CONFIG variants phase_dattn times (the first: as shipped); "split_programs"
+# given per SM (x the GPU's multiprocessors)
+DATTN_VARIANTS = [{}, {"page_ahead": True}, {"min_partition": 64},
+                  {"block_n": 32, "min_partition": 32}, {"block_n": 32, "min_partition": 64},
+                  {"num_warps": 4}, {"split_programs_per_sm": 8, "min_partition": 64},
+                  {"split_programs_per_sm": 2}]
+
+
 def phase_dattn() -> dict:
-    """The decode kernel with and without page ids one tile ahead (DECODE_CONFIG's
-    page_ahead), at the batches and contexts the online runs meet; outputs compared."""
+    """The decode kernel (with its reduction pass) per DECODE_CONFIG variant, at the
+    batches and contexts the online runs meet: one CUDA graph of as many layers as a
+    Qwen2.5-7B step has (up to 28), each over its own K/V cache, so L2 holds no layer's
+    K/V when its turn comes, as in the engine; outputs compared with the shipped form."""
     import torch
-    from gpu_bench import graph_ms
+    from gpu_bench import median_ms
     from pagefleet.server.ops import triton_attention as ta
     hq, hk, d, bs = 28, 4, 128, 16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = dict(ta.DECODE_CONFIG)
     res = []
-    for batch, ctx_len in ((1, 1024), (1, 16384), (16, 16384), (64, 1024), (256, 768)):
+    for batch, ctx_len in ((1, 1024), (1, 4096), (1, 16384), (16, 16384), (64, 1024),
+                           (256, 768)):
         per = -(-ctx_len // bs)
         nb = batch * per + 4
+        kv_bytes = 2 * batch * ctx_len * hk * d * 2
+        layers = max(1, min(28, (6 << 30) // kv_bytes))
         g = torch.Generator(device="cuda").manual_seed(batch + ctx_len)
-        kc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        vc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        caches = [(torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g),
+                   torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g))
+                  for _ in range(layers)]
         bt = torch.randperm(nb - 4, device="cuda").view(batch, per).int()
         ctx = torch.full((batch,), ctx_len, device="cuda", dtype=torch.int32)
         q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        kv_bytes = 2 * batch * ctx_len * hk * d * 2
-        row: dict = {"batch": batch, "ctx": ctx_len}
-        outs = {}
-        for ahead in (True, False):
-            ta.DECODE_CONFIG.update(page_ahead=ahead)
+        row: dict = {"batch": batch, "ctx": ctx_len, "layers": layers, "variants": []}
+        ref = None
+        for var in DATTN_VARIANTS:
+            cfg = dict(var)
+            if "split_programs_per_sm" in cfg:
+                cfg["split_programs"] = cfg.pop("split_programs_per_sm") * sms
+            ta.DECODE_CONFIG.update(cfg)
+            v: dict = {"variant": var or "shipped"}
             try:
-                fn = lambda: ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)  # noqa: E731
-                outs[ahead] = fn()
-                ms = graph_ms(fn, reps=3, n=20)
-                row[f"ahead_{ahead}_ms"] = ms
-                row[f"ahead_{ahead}_TBps"] = kv_bytes / (ms / 1e3) / 1e12
-                row[f"ahead_{ahead}_flushed_ms"] = flushed_ms(fn)
+                def step():
+                    return [ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
+                            for kc, vc in caches]
+                out = step()[0]
+                ref = out if ref is None else ref
+                v["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                v["us_per_layer"] = median_ms(graph.replay, n=20) * 1e3 / layers
+                v["TBps"] = kv_bytes / (v["us_per_layer"] / 1e6) / 1e12
+                v["splits"] = ta.decode_plan(batch, hk, per * bs, q.device).splits
+                del graph
             except Exception as e:  # noqa: BLE001
-                row[f"ahead_{ahead}_error"] = repr(e)[:300]
+                v["error"] = repr(e)[:300]
             ta.DECODE_CONFIG.clear()
             ta.DECODE_CONFIG.update(base)
-        if len(outs) == 2:
-            row["bit_identical"] = bool(torch.equal(outs[True], outs[False]))
+            row["variants"].append(v)
+        del caches
+        torch.cuda.empty_cache()
         log(f"dattn {row}")
         res.append(row)
     return {"rows": res, "config_shipped": base}

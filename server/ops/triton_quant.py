@@ -72,20 +72,23 @@ FP8_CONFIG = {
     "silu_gemv": True,      # the down projection's GEMV takes SiLU-and-mul in its load
     "w8a16_max_m": 32,      # then the weight-only tl.dot kernel; above: w8a8
     "scaled_mm": True,      # w8a8 through torch._scaled_mm where it applies
-    "gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
-    # The B=1 GEMV runs at ~3.0 TB/s (H200, 2026-12-02): its weight loads are consumed in
-    # the iteration that issues them, so only the other warps hide their latency, and the
-    # activations reach the weights' layout through shared memory (8 barriers an
-    # iteration, sm_90 SASS). gemv_prefetch: the next tile's weights load while this one
-    # is multiplied (twice the bytes in flight per thread); gemv_xb: the activations load
-    # straight into the weights' layout (redundant loads from L1, no barriers; not with
-    # the SiLU form). Same arithmetic either way; not yet timed, off.
+    # H200, 2026-12-02 (night, benchmarks/gemv_step_ab.py, a B=1 step's 112 GEMVs over 28
+    # distinct layers): 32 x 256 tiles with the chunked accumulator (64 registers) and
+    # 8 programs an SM: 1.87 ms, 3.49 TB/s, against 2.21 ms (2.95 TB/s) for the 16 x 512
+    # tiles with the [16, 512] accumulator (126 registers) shipped before; the engine's
+    # B=1 step 2.56 against 2.88 ms (bf16 4.43).
+    "gemv_block_n": 32, "gemv_block_k": 256, "gemv_warps": 4, "gemv_stages": 2,
+    "gemv_programs_per_sm": 8,   # the GEMV's split-K target (the tl.dot kernels': below)
+    # Load placements, same arithmetic: gemv_prefetch loads the next tile's weights while
+    # this one is multiplied; gemv_xb loads the activations straight into the weights'
+    # layout (no shared-memory shuffle; not with the SiLU form). Both slower on the H200
+    # (2026-12-02 night, 16 x 512 tiles: 3.61 and 2.23 against 2.21 ms a step): off.
     "gemv_prefetch": False, "gemv_xb": False,
     # gemv_kchunk > 1: the accumulator is [BLOCK_N, BLOCK_K / kchunk], each thread summing
     # its kchunk contiguous products every step, instead of [BLOCK_N, BLOCK_K] summed at
-    # the end: 126 registers a thread at 16 x 512 (sm_90 ptxas) is 4 programs an SM, so
-    # few weight bytes in flight. Sums in another order (not the same bits as 1).
-    "gemv_kchunk": 1,
+    # the end (1): 126 registers a thread at 16 x 512 (sm_90 ptxas) left 4 programs an
+    # SM, so few weight bytes in flight; 64 with it.
+    "gemv_kchunk": 16,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 3,
     "w8a8_block_m": 128, "w8a8_block_n": 128, "w8a8_block_k": 128, "w8a8_warps": 8,
     "w8a8_stages": 3,
@@ -101,18 +104,20 @@ _SCALED_MM_REFUSED: set[tuple[bool, str]] = set()   # why scaled_mm was switched
 FP8 = torch.float8_e4m3fn
 
 
-def _target(device: torch.device, cfg: dict) -> int:
+def _target(device: torch.device, cfg: dict, gemv: bool = False) -> int:
     if cfg["target_programs"] is not None:
         return cfg["target_programs"]
     if device.type != "cuda":
         return 8
-    return cfg["programs_per_sm"] * sm_count(device)
+    return cfg.get("gemv_programs_per_sm" if gemv else "programs_per_sm",
+                   cfg["programs_per_sm"]) * sm_count(device)
 
 
-def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict) -> tuple[int, int]:
+def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict,
+            gemv: bool = False) -> tuple[int, int]:
     """(number of K splits, K columns per split, a multiple of block_k)."""
     k_tiles = triton.cdiv(k, block_k)
-    want = max(1, min(_target(device, cfg) // max(tiles, 1), cfg["max_split"], k_tiles))
+    want = max(1, min(_target(device, cfg, gemv) // max(tiles, 1), cfg["max_split"], k_tiles))
     per = triton.cdiv(k_tiles, want) * block_k
     return triton.cdiv(k, per), per
 
@@ -648,7 +653,7 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
     bp = bias if bias is not None else ws
     if gemv:
         tiles = triton.cdiv(n, bn) * m
-        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
         o = _outputs(splits, m, n, tiles, x, dtype, bias, cfg)
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, o.part, o.res, o.cnt, n, k, x.stride(0), ws.stride(0),

@@ -252,7 +252,7 @@ def test_fp8_gemv_load_placements_change_no_bit(case, prefetch, xb, monkeypatch)
 
 
 @pytest.mark.parametrize("case", FP8_CASES[:3])   # decode-sized rows (the GEMV's)
-@pytest.mark.parametrize("kchunk", [4, 16])
+@pytest.mark.parametrize("kchunk", [1, 4, 16])
 def test_fp8_gemv_chunked_accumulator(case, kchunk, monkeypatch):
     """gemv_kchunk: the GEMV's accumulator summed a chunk of products per step (fewer
     registers): the twin's result within rounding, for row and block scales, with
