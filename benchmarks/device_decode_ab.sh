@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call (carry .whl-core), ~5 minutes, for the B=1 decode step's kernels:
+# One device call (carry .whl-core), ~7 minutes, for the B=1 decode step's kernels:
 #  1. the decode attention kernel per DECODE_CONFIG variant (profile_serving.py dattn:
 #     28 layers' distinct caches in one graph, batch 1-256, contexts 768-16K);
-#  2. the fp8 GEMV variants around the shipped config (gemv_step_ab.py fp8);
-#  3. the engine's B=1 step, bf16 and fp8, shipped configs (quant_bench.py).
+#  2. the B=1 GEMV variants of ${GEMV_FORMATS:-w4} (gemv_step_ab.py);
+#  3. the engine's B=1 step, bf16, fp8 and AWQ (quant_bench.py), with the shipped configs
+#     and then with $CANDIDATE ({"DECODE_CONFIG": ...}) plus step 2's fastest GEMVs.
 # Everything lands in $OUT/results.tgz; a summary is printed last.
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,10 +13,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site-pf .whl-core/*.whl || exit 1
 mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
 export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
-OUT=$R timeout 200 python3 benchmarks/profile_serving.py dattn > "$R/dattn.log" 2>&1
-OUT=$R timeout 150 python3 benchmarks/gemv_step_ab.py fp8 > "$R/gemv_step_ab.log" 2>&1
-OUT=$R/q timeout 120 bash benchmarks/run_quant.sh --phases build,engine_bf16,engine_fp8 \
-    --num-requests 64 --decode-batches 1 --tuned '{}' > "$R/quant.log" 2>&1
+OUT=$R timeout 120 python3 benchmarks/profile_serving.py dattn > "$R/dattn.log" 2>&1
+OUT=$R timeout 120 python3 benchmarks/gemv_step_ab.py "${GEMV_FORMATS:-w4}" \
+    > "$R/gemv_step_ab.log" 2>&1
+CAND=$(R=$R python3 -c 'import json, os
+best = json.load(open(os.environ["R"] + "/gemv_step_ab.json")).get("best", {}) \
+    if os.path.exists(os.environ["R"] + "/gemv_step_ab.json") else {}
+print(json.dumps({**best, **json.loads(os.environ.get("CANDIDATE") or "{}")}))')
+echo "candidate: $CAND" | tee "$R/candidate.txt"
+OUT=$R/shipped timeout 150 bash benchmarks/run_quant.sh \
+    --phases build,quantize,engine_bf16,engine_fp8,engine_awq --num-requests 64 \
+    --decode-batches 1 --tuned '{}' > "$R/quant_shipped.log" 2>&1
+OUT=$R/cand timeout 130 bash benchmarks/run_quant.sh --phases engine_bf16,engine_fp8,engine_awq \
+    --num-requests 64 --decode-batches 1 --tuned "$CAND" > "$R/quant_cand.log" 2>&1
 tar czf "$OUT/results.tgz" -C "$R" .
 python3 - "$R/dattn.log" <<'PY'
 import ast, sys
@@ -23,8 +33,8 @@ for line in open(sys.argv[1]):
     if "dattn {" in line:
         row = ast.literal_eval(line[line.index("{"):].strip())
         print(row["batch"], row["ctx"], " | ".join(
-            f"{v['variant']}: {v.get('us_per_layer', float('nan')):.1f}us d={v.get('max_abs_diff', -1):.2g}"
-            for v in row["variants"]))
+            f"{v['variant']}: {v.get('us_per_layer', -1):.1f}us" for v in row["variants"]))
 PY
-grep -E "^(fp8|best)" "$R/gemv_step_ab.log"
-grep -h "B=1 step" "$R/quant.log" | cut -c1-120
+grep -E "^(fp8|w4|best)" "$R/gemv_step_ab.log"
+cat "$R/candidate.txt"
+for f in shipped cand; do echo "$f:"; grep -h "B=1 step" "$R/quant_$f.log" | cut -c1-100; done

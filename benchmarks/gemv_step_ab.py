@@ -37,7 +37,14 @@ VARIANTS = {
             {"gemv_block_n": 32, "gemv_block_k": 512}, {"gemv_block_n": 16, "gemv_block_k": 256},
             {"gemv_block_n": 64, "gemv_block_k": 256, "gemv_warps": 8}, {"gemv_warps": 2},
             {"gemv_block_n": 32, "gemv_block_k": 128, "gemv_warps": 2}],
-    "w4": [{}, {"fused_reduce": False}, {"programs_per_sm": 8}],
+    # w4: fewer words a thread (sm_90 ptxas: 124 registers at 32 x 512 / 4 warps, 78 at
+    # 32 x 256, 72 at 16 x 512 and at 32 x 512 / 8 warps, 47 at 16 x 256)
+    "w4": [{}, {"gemv_block_k": 256, "gemv_programs_per_sm": 8},
+           {"gemv_block_n": 16, "gemv_programs_per_sm": 8},
+           {"gemv_warps": 8, "gemv_programs_per_sm": 8},
+           {"gemv_block_n": 16, "gemv_block_k": 256, "gemv_programs_per_sm": 8},
+           {"gemv_block_n": 16, "gemv_block_k": 256, "gemv_programs_per_sm": 12},
+           {"gemv_block_k": 256, "gemv_programs_per_sm": 6}],
 }
 
 

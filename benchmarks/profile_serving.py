@@ -159,10 +159,10 @@ def phase_attn() -> dict:
 
 # DECODE_CONFIG variants phase_dattn times (the first: as shipped); "split_programs"
 # given per SM (x the GPU's multiprocessors)
-DATTN_VARIANTS = [{}, {"page_ahead": True}, {"min_partition": 64},
-                  {"block_n": 32, "min_partition": 32}, {"block_n": 32, "min_partition": 64},
-                  {"num_warps": 4}, {"split_programs_per_sm": 8, "min_partition": 64},
-                  {"split_programs_per_sm": 2}]
+DATTN_VARIANTS = [{}, {"num_warps": 4}, {"min_partition": 64},
+                  {"min_partition": 64, "num_warps": 4},
+                  {"min_partition": 64, "num_warps": 4, "split_programs_per_sm": 8},
+                  {"block_n": 32, "min_partition": 32, "num_warps": 4}]
 
 
 def phase_dattn() -> dict:

@@ -353,10 +353,13 @@ def engine_phase(fmt: str):
             t, res["tuned_from"] = json.loads(part.read_text())["tuned"], str(part)
         elif TUNED_KEEP.exists():
             t, res["tuned_from"] = json.loads(TUNED_KEEP.read_text()), str(TUNED_KEEP)
+        from pagefleet.server.ops import triton_attention as ta
         if not args.no_tuned:
             tq.W4_CONFIG.update(t.get("W4_CONFIG", {}))
             tq.FP8_CONFIG.update(t.get("FP8_CONFIG", {}))
+            ta.DECODE_CONFIG.update(t.get("DECODE_CONFIG", {}))   # --tuned only: not swept here
         res["W4_CONFIG"], res["FP8_CONFIG"] = dict(tq.W4_CONFIG), dict(tq.FP8_CONFIG)
+        res["DECODE_CONFIG"] = dict(ta.DECODE_CONFIG)
         lines: list[str] = []
 
         class Grab(logging.Handler):
@@ -454,7 +457,7 @@ def parse(argv=None):
     ap.add_argument("--profile-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1])
     ap.add_argument("--no-tuned", action="store_true", help="engine phases: the default configs")
     ap.add_argument("--tuned", default="", help='engine phases: {"W4_CONFIG": {...}, '
-                    '"FP8_CONFIG": {...}} (default: the kernels phase\'s pick)')
+                    '"FP8_CONFIG": {...}, "DECODE_CONFIG": {...}} (default: the kernels phase\'s pick)')
     ap.add_argument("--timeout", type=lambda s: dict(kv.split("=") for kv in s.split(",")),
                     default={})
     return ap.parse_args(argv)

@@ -58,6 +58,7 @@ W4_CONFIG = {
     # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py);
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
+    "gemv_programs_per_sm": 4,   # the GEMV's split-K target (the tl.dot kernel's: below)
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -436,7 +437,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if gemv:
         bn = cfg["gemv_block_n"]
         tiles = triton.cdiv(n, bn) * m
-        splits, per = _splits(tiles, k, bk, x.device, cfg)
+        splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
         o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
