@@ -27,13 +27,17 @@ from pagefleet.server.ops.triton_common import sm_count
 # Launch parameters; benchmarks/ sweeps them on the GPU, tests shrink them.
 DECODE_CONFIG = {
     "block_n": 64,          # tokens per K/V tile
-    "num_warps": 2,         # H200 sweep, 2026-11-29 (BENCHMARKS.md)
+    # H200, 2026-12-02 (night; profile_serving.py dattn, 28 layers' own caches per graph):
+    # 4 warps and 64-token splits, against 2 warps and 128: 5.8 against 8.1 us a layer at
+    # B=1 over 1K, 135.6 against 145.2 at 16 x 16K, 39.5 against 42.1 at 64 x 1K, equal at
+    # 256 x 768; B=1 over 16K 16.8 against 15.4 (within that run's noise)
+    "num_warps": 4,
     "num_stages": 3,
     # Splitting a row's context (see `decode_plan`): each row picks its split count on the
     # device from its own context, so one captured grid serves every context in its bucket.
     "target_programs": None,  # None: 2 x multiprocessors; batch x kv heads at least that: no split
     "split_programs": None,   # None: 4 x multiprocessors, the programs a split batch aims at
-    "min_partition": 128,     # fewest tokens per split (a short context gets fewer splits)
+    "min_partition": 64,      # fewest tokens per split (a short context gets fewer splits)
     "max_partition": 1024,    # most (a long one gets more splits than the batch asks for)
     # Page ids one tile ahead, as the prefill kernel reads them: slower here (H200,
     # 2026-12-02: 51 against 43 us at 64 x 1K, 108 against 99 at 256 x 768), off.

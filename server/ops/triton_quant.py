@@ -52,13 +52,16 @@ from pagefleet.server.ops.triton_common import arrival_counters, last_arrival, s
 # (`benchmarks/quant_bench.py --phases kernels`, BENCHMARKS.md); other GPUs run them too.
 W4_CONFIG = {
     "gemv_max_m": 2,        # rows up to which the GEMV kernel runs (one program row each)
-    # 32 x 512: four 128-row groups per tile (second sweep, 2026-12-01 22:40)
-    "gemv_block_n": 32, "gemv_block_k": 512, "gemv_warps": 4, "gemv_stages": 2,
+    # 16 x 256 (two 128-row groups a tile) and 12 programs an SM for the split-K target:
+    # 47 registers a thread (sm_90 ptxas) against 124 for the 32 x 512 tiles at 4 an SM
+    # shipped before; a B=1 step's GEMVs 2.53 against 2.75 ms (H200, 2026-12-02 night,
+    # benchmarks/gemv_step_ab.py: 28 distinct layers per graph)
+    "gemv_block_n": 16, "gemv_block_k": 256, "gemv_warps": 4, "gemv_stages": 2,
     # One vector load per word row's 8 activations instead of 8 scalar loads: 5.95
     # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py);
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
-    "gemv_programs_per_sm": 4,   # the GEMV's split-K target (the tl.dot kernel's: below)
+    "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
