@@ -136,7 +136,42 @@ def main() -> int:
             print(f"FAILED {name}: {e!r}"[:2000])
     failed += not metadata_dtype_costs_nothing(target, attn, pf)
     failed += not attention_copies_stay_in_flight(target, attn, pf, dec, dec_cx, dc)
+    failed += not gemv_registers_stay_few(target, int4, fp8, w4, f8)
     return 1 if failed else 0
+
+
+def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -> bool:
+    """The B=1 GEMVs as shipped hold few registers a thread, so many programs stay
+    resident and many weight bytes are in flight: the fp8 one took 126-134 with its
+    accumulator as wide as the tile (4 programs an SM; a B=1 step's GEMVs 2.21 ms on the
+    H200) and 64 with each thread's products summed every step (`gemv_kchunk`; 1.90 ms);
+    the int4 one 124 at 32 x 512 tiles and 47 at 16 x 256 (2.75 against 2.53 ms)."""
+    name = "B=1 GEMVs: registers a thread (occupancy)"
+    bk4, gpt = tq._gemv_tile(w4["gemv_block_k"], 128, 4096)
+    cases = {
+        "fp8": (tq._fp8_gemv_kernel, fp8, {
+            "ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
+            "BLOCK_K": f8["gemv_block_k"], "ACT": True, "PREFETCH": f8["gemv_prefetch"],
+            "XB": False, "KCHUNK": f8["gemv_kchunk"], "SPLITS_PAD": 4, "FUSED": True},
+            f8["gemv_warps"], f8["gemv_stages"], ["x_ptr", "w_ptr", "K", "stride_xm",
+                                                  "k_per_split"]),
+        "w4": (tq._w4_gemv_kernel, int4, {
+            "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
+            "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"], "SPLITS_PAD": 4,
+            "FUSED": True}, w4["gemv_warps"], w4["gemv_stages"],
+            ["x_ptr", "qw_ptr", "N", "stride_xm", "k_per_split"]),
+    }
+    try:
+        got = {k: ptxas_usage(target, fn, ptrs, cx, warps, stages, aligned)
+               for k, (fn, ptrs, cx, warps, stages, aligned) in cases.items()}
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    if any(regs < 0 or regs > 96 or spills for regs, spills in got.values()):
+        print(f"FAILED {name}: (registers, spill bytes) {got}")
+        return False
+    print(f"ok {name} {got}")
+    return True
 
 
 def ptxas_usage(target, fn, ptrs: dict, cx: dict, warps: int, stages: int,
