@@ -213,19 +213,16 @@ def phase_kernels(args) -> dict:
     w4_fn = lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"]))          # noqa: E731
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps,
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, gemv_programs_per_sm=pps,
              gemv_xvec=xv, max_split=ms)
-        # 128-row groups: a 512-row tile is 4 groups (64 x 128 was the 2026-12-01 pick,
-        # when tiles could not span groups and 512 meant 128); gemv_xvec: one vector
-        # load per word row's activations (fewer instructions per nibble, sass_loop.py);
-        # max_split 1: narrower tiles instead of split-K, so no reduce kernel per layer
+        # 16 x 256 at 12 programs an SM shipped (2026-12-02 night: 47 registers a thread
+        # against 124 at 32 x 512, a step's GEMVs 2.53 against 2.75 ms, gemv_step_ab.py);
+        # gemv_xvec: one vector load per word row's activations; max_split 1: narrower
+        # tiles instead of split-K
         for bn, bk, nw, pps, xv, ms in (
-            (64, 128, 4, 4, False, 32), (64, 512, 4, 4, False, 32), (32, 512, 4, 4, False, 32),
-            (32, 1024, 4, 4, False, 32), (128, 256, 4, 4, False, 32), (64, 512, 8, 4, False, 32),
-            (32, 512, 4, 4, True, 32), (64, 512, 4, 4, True, 32), (64, 256, 4, 4, True, 32),
-            (128, 256, 4, 4, True, 32), (32, 1024, 4, 4, True, 32), (64, 512, 8, 4, True, 32),
-            (16, 512, 4, 4, True, 1), (16, 512, 2, 4, True, 1), (32, 512, 4, 4, True, 1),
-            (16, 512, 4, 4, False, 1))],
+            (16, 256, 4, 12, False, 32), (16, 256, 4, 8, False, 32), (32, 256, 4, 8, False, 32),
+            (16, 512, 4, 8, False, 32), (32, 512, 4, 4, False, 32), (64, 512, 4, 4, False, 32),
+            (16, 256, 4, 12, True, 32), (32, 512, 4, 4, True, 32), (16, 512, 4, 4, False, 1))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
@@ -234,20 +231,19 @@ def phase_kernels(args) -> dict:
                                (64, 128, 4, 4))], w4_fn, (16, 64, 256)))
     tq.W4_CONFIG.update(tuned_w4)
     tuned_fp8 = sweep("fp8 gemv", tq.FP8_CONFIG, [
-        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, programs_per_sm=pps, max_split=ms,
-             gemv_prefetch=pf, gemv_xb=xb)
-        # gemv_prefetch / gemv_xb: where the weight and activation loads sit (FP8_CONFIG);
-        # `benchmarks/fp8_gemv_ab.py` times them alone, per layer shape
-        for bn, bk, nw, pps, ms, pf, xb in (
-            (32, 256, 4, 4, 32, False, False), (16, 512, 4, 4, 32, False, False),
-            (32, 512, 4, 4, 32, False, False), (64, 512, 8, 4, 32, False, False),
-            (32, 1024, 8, 4, 32, False, False), (16, 1024, 4, 4, 32, False, False),
-            (16, 256, 2, 8, 32, False, False), (64, 256, 4, 4, 32, False, False),
-            (8, 512, 4, 4, 1, False, False), (8, 1024, 4, 4, 1, False, False),
-            (16, 512, 4, 4, 1, False, False), (8, 512, 2, 4, 1, False, False),
-            (16, 512, 4, 4, 32, True, False), (16, 512, 4, 4, 32, False, True),
-            (16, 512, 4, 4, 32, True, True), (32, 512, 4, 4, 32, True, False),
-            (16, 256, 4, 4, 32, True, False))], fp8_fn, (1,))
+        dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, gemv_programs_per_sm=pps,
+             max_split=ms, gemv_kchunk=kc, gemv_prefetch=pf, gemv_xb=xb)
+        # gemv_kchunk: each thread's contiguous products summed every step (64 registers
+        # a thread instead of 126-134); 32 x 256 at 8 programs an SM shipped (2026-12-02
+        # night: a step's GEMVs 1.90 against 2.21 ms, gemv_step_ab.py); gemv_prefetch /
+        # gemv_xb: where the weight and activation loads sit (both slower there)
+        for bn, bk, nw, pps, ms, kc, pf, xb in (
+            (32, 256, 4, 8, 32, 16, False, False), (32, 256, 4, 8, 32, 8, False, False),
+            (32, 256, 4, 6, 32, 16, False, False), (32, 512, 4, 8, 32, 16, False, False),
+            (16, 512, 4, 8, 32, 16, False, False), (16, 256, 4, 8, 32, 16, False, False),
+            (16, 512, 4, 4, 32, 1, False, False), (8, 1024, 4, 8, 32, 16, False, False),
+            (32, 256, 4, 8, 32, 16, False, True), (16, 512, 4, 4, 32, 1, True, False))],
+        fp8_fn, (1,))
     tq.FP8_CONFIG.update(tuned_fp8)
     tuned_fp8.update(sweep("fp8 w8a16 gemm", tq.FP8_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw)
