@@ -10,10 +10,8 @@
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=/tmp/attn-results; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-core/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
 M=/dev/shm/qwen2.5-7b-random
 [ -f "$M/config.json" ] || python3 benchmarks/build_model.py "$M" > "$R/build.log" 2>&1
 OUT=$R timeout 200 python3 benchmarks/gpu_check.py parity > "$R/check.log" 2>&1

@@ -9,10 +9,8 @@
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=/tmp/decode-ab; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-core/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
 OUT=$R timeout 120 python3 benchmarks/profile_serving.py dattn > "$R/dattn.log" 2>&1
 OUT=$R timeout 120 python3 benchmarks/gemv_step_ab.py "${GEMV_FORMATS:-w4}" \
     > "$R/gemv_step_ab.log" 2>&1

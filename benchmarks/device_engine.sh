@@ -6,10 +6,8 @@
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -d .vla ]; then mkdir -p /tmp/vl && cp .vla/* /tmp/vl/; fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-core/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 OUT=/tmp/pagefleet-check timeout "${CHECK_TIMEOUT:-540}" python3 benchmarks/gpu_check.py \
     "${CHECK_PHASES:-parity,steps,profile}" > "$OUT/check.log" 2>&1

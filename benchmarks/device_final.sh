@@ -5,10 +5,8 @@
 # Results straight into $OUT (kept if the call runs out of time); a summary last.
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-core/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
 timeout "${PARITY_S:-190}" python3 benchmarks/gpu_check.py parity > "$OUT/check.log" 2>&1
 grep -h "parity " "$OUT/check.log" | cut -c1-200
 OUT=/tmp/final-q timeout "${ENGINE_S:-200}" bash benchmarks/run_quant.sh \

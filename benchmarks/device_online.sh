@@ -6,10 +6,8 @@
 # pydantic, pyzmq, msgspec, xgrammar, jsonschema-rs).
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-pf/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-export PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1
+. benchmarks/device_setup.sh
+pf_env .whl-pf || exit 1
 M=${PAGEFLEET_BENCH_MODEL:-/dev/shm/qwen2.5-7b-random}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 [ -f "$M/config.json" ] || python3 benchmarks/build_model.py "$M"

@@ -8,10 +8,9 @@
 # Results: $OUT/gemv_step_ab.{json,log}, $OUT/quant_{shipped,best}.{json,log}, a summary.
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-pf .whl-core/*.whl || exit 1
-mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
-PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1 timeout 240 \
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
+timeout 240 \
     python3 benchmarks/gemv_step_ab.py fp8,w4 > "$OUT/gemv_step_ab.log" 2>&1
 BEST=$(python3 -c 'import json, os, sys
 p = os.path.join(os.environ["OUT"], "gemv_step_ab.json")
