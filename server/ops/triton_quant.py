@@ -446,8 +446,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), group_size, per, splits,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
-            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
-            num_stages=cfg["gemv_stages"], **launch_opts())
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+            num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -457,8 +457,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), group_size, per, splits,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemm_warps"],
-            num_stages=cfg["gemm_stages"], **launch_opts())
+            BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+            num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"], **launch_opts())
     return o.result(splits, bias, x.dtype)
 
 
@@ -664,9 +664,8 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             o.part.stride(0), o.part.stride(1), per, splits, bn_s, bk_s, ROW_SCALE=row,
             HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk, ACT=act,
             PREFETCH=bool(cfg["gemv_prefetch"]), XB=bool(cfg["gemv_xb"]) and not act,
-            KCHUNK=min(int(cfg["gemv_kchunk"]), bk),
-            SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
-            **launch_opts())
+            KCHUNK=min(int(cfg["gemv_kchunk"]), bk), SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+            num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
@@ -679,8 +678,8 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             x, weight, ws, a_scale if a_scale is not None else ws, bp, o.part, o.res, o.cnt,
             m, n, k, x.stride(0), ws.stride(0), o.part.stride(0), o.part.stride(1), per,
             splits, bn_s, bk_s, ROW_SCALE=row, W8A8=w8a8, HAS_BIAS=o.kernel_bias, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=warps,
-            num_stages=stages, **launch_opts())
+            BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+            num_warps=warps, num_stages=stages, **launch_opts())
     return o.result(splits, bias, dtype)
 
 
