@@ -159,10 +159,9 @@ def phase_attn() -> dict:
 
 # DECODE_CONFIG variants phase_dattn times (the first: as shipped); "split_programs"
 # given per SM (x the GPU's multiprocessors)
-DATTN_VARIANTS = [{}, {"num_warps": 4}, {"min_partition": 64},
-                  {"min_partition": 64, "num_warps": 4},
-                  {"min_partition": 64, "num_warps": 4, "split_programs_per_sm": 8},
-                  {"block_n": 32, "min_partition": 32, "num_warps": 4}]
+DATTN_VARIANTS = [{}, {"fused_merge": True}, {"num_warps": 2, "min_partition": 128},
+                  {"min_partition": 32, "block_n": 32},
+                  {"split_programs_per_sm": 8}, {"fused_merge": True, "split_programs_per_sm": 8}]
 
 
 def phase_dattn() -> dict:

@@ -2,7 +2,8 @@
 replay's output bit for bit the eager call's, the eager call within rounding of the torch
 twin, and every arrival counter back at zero after (what the next launch or replay counts
 on). The CPU tests run the same kernels in the interpreter, where programs run one after
-another; this is the concurrent case.
+another; this is the concurrent case. Then the same for decode attention's splits merged
+by their last program (`DECODE_CONFIG["fused_merge"]`).
 
     OUT=$OUT python3 benchmarks/splitk_graph_check.py     # prints one line per case; exit 1 on a failure
 """
@@ -54,7 +55,56 @@ def main() -> int:
                 failed += not ok
                 print(f"{'ok' if ok else 'FAILED'} {name} {m}x{k} -> {n}: replays equal eager "
                       f"{same}, counters zero {zero}, rel err vs twin {err:.2e}", flush=True)
+    failed += _decode_merge_check(torch)
     return 1 if failed else 0
+
+
+def _decode_merge_check(torch) -> int:
+    """Decode attention with `fused_merge` (each row's last split merges its heads),
+    replayed from a CUDA graph: the eager call's bits, the merge pass's output within
+    rounding, counters zero after."""
+    from pagefleet.server.ops import triton_attention as ta
+    from pagefleet.server.ops import triton_common
+    failed = 0
+    hq, hk, d, bs = 28, 4, 128, 16
+    for batch, ctx_len in ((1, 1024), (1, 1500), (8, 4096), (64, 700)):
+        per = -(-ctx_len // bs)
+        nb = batch * per + 4
+        kc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16)
+        bt = torch.randperm(nb - 4, device="cuda").view(batch, per).int()
+        ctx = torch.full((batch,), ctx_len, device="cuda", dtype=torch.int32)
+        ctx[0] = max(1, ctx_len // 3)                      # rows of different splits
+        q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
+        base = dict(ta.DECODE_CONFIG)
+        two = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
+        ta.DECODE_CONFIG["fused_merge"] = True
+        try:
+            eager = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
+            same = True
+            for _ in range(3):
+                out.fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                same &= bool(torch.equal(out, eager))
+        finally:
+            ta.DECODE_CONFIG.clear()
+            ta.DECODE_CONFIG.update(base)
+        cnt = triton_common.arrival_counters(q.device, 1)
+        zero = cnt is not None and not bool(cnt.any())
+        splits = ta.decode_plan(batch, hk, per * bs, q.device).splits
+        # The same merge code per head as the merge pass; on the GPU its sums may take
+        # another reduction tree (layouts are the compiler's), so within rounding.
+        err = ((eager.double() - two.double()).norm() / two.double().norm()).item()
+        ok = same and zero and err < 1e-2
+        failed += not ok
+        print(f"{'ok' if ok else 'FAILED'} decode merge {batch} x {ctx_len} ({splits} splits): "
+              f"replays equal eager {same}, counters zero {zero}, rel err vs the merge pass "
+              f"{err:.1e} (bits equal: {bool(torch.equal(eager, two))})", flush=True)
+    return failed
 
 
 if __name__ == "__main__":

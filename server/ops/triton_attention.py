@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops.triton_common import arrival_counters, last_arrival
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
@@ -42,6 +43,12 @@ DECODE_CONFIG = {
     # Page ids one tile ahead, as the prefill kernel reads them: slower here (H200,
     # 2026-12-02: 51 against 43 us at 64 x 1K, 108 against 99 at 256 x 768), off.
     "page_ahead": False,
+    # fused_merge: a split row's last program to finish merges the splits of its KV head's
+    # query heads (arrival counters, triton_common.last_arrival) instead of a second
+    # kernel; the same code per head, so the same bits. Only up to fused_merge_max_splits
+    # splits (its [splits, head_dim] tile stays in registers). Landed untimed: off.
+    "fused_merge": False,
+    "fused_merge_max_splits": 32,
 }
 # H200, 2026-12-02 (evening, BENCHMARKS.md): 128 x 128 tiles, 8 warps, 3 stages with the
 # page ids read a tile ahead run a lone 8,192-token chunk over 16K of context in 3.15 ms
@@ -156,14 +163,15 @@ def _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N: tl.conste
 # multiple of 16" pattern would compile a variant inside a serving step).
 @triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
             do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr,
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr, cnt_ptr,
                    qk_scale, k_scale, v_scale, want, min_part, max_part, num_splits,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    stride_cblk, stride_ctok, stride_ch,
                    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, DIRECT: tl.constexpr,
-                   F32: tl.constexpr, PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr):
+                   F32: tl.constexpr, PAGE_AHEAD: tl.constexpr, FUSED: tl.constexpr,
+                   SPLITS_PAD: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -228,6 +236,47 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         tl.store(ml_ptr + row * 2, m_i, mask=smask)
         tl.store(ml_ptr + row * 2 + 1, l_i, mask=smask)
         tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=smask[:, None])
+        if FUSED:
+            # The row's splits that hold keys count in; the last merges them. An empty row
+            # (a CUDA-graph padding row) is merged by its split 0: zeros, as the merge pass
+            # writes them.
+            used = tl.cdiv(ctx, _row_partition(ctx, want, min_part, max_part, num_splits,
+                                               BLOCK_N))
+            merge = sp == 0
+            if used > 0:
+                merge = sp < 0
+                if sp < used:
+                    merge = last_arrival(cnt_ptr + b * tl.num_programs(1) + kvh, used)
+            if merge:
+                for gi in tl.static_range(GROUP):
+                    _merge_splits(ml_ptr, acc_ptr, out_ptr, b, kvh * GROUP + gi, used,
+                                  num_splits, stride_ob, stride_oh, NUM_HEADS, D, BLOCK_D,
+                                  SPLITS_PAD)
+
+
+@triton.jit
+def _merge_splits(ml_ptr, acc_ptr, out_ptr, b, h, used, num_splits, stride_ob, stride_oh,
+                  NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SPLITS_PAD: tl.constexpr):
+    """Head `h` of row `b`: its `used` splits' (max, sum, accumulator) merged into the
+    output (zeros for a row without keys). `.cg` loads: the splits were written by other
+    programs, maybe on other multiprocessors, in this kernel (fused) or the one before."""
+    s = tl.arange(0, SPLITS_PAD)
+    smask = s < used
+    row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + s
+    m = tl.load(ml_ptr + row * 2, mask=smask, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(ml_ptr + row * 2 + 1, mask=smask, other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(smask, tl.exp2(m - m_max), 0.0)
+    denom = tl.sum(w * l, 0)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0,
+                  cache_modifier=".cg")
+    o = tl.sum(acc * w[:, None], 0) / denom
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty),
+             mask=d < D)
 
 
 @triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
@@ -241,21 +290,8 @@ def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, want, min_part, max
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
     used = tl.cdiv(ctx, _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N))
-    s = tl.arange(0, SPLITS_PAD)
-    smask = s < used
-    row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + s
-    m = tl.load(ml_ptr + row * 2, mask=smask, other=float("-inf"))
-    l = tl.load(ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.where(smask, tl.exp2(m - m_max), 0.0)
-    denom = tl.sum(w * l, 0)
-    denom = tl.where(denom == 0.0, 1.0, denom)
-    d = tl.arange(0, BLOCK_D)
-    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / denom
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty),
-             mask=d < D)
+    _merge_splits(ml_ptr, acc_ptr, out_ptr, b, h, used, num_splits, stride_ob, stride_oh,
+                  NUM_HEADS, D, BLOCK_D, SPLITS_PAD)
 
 
 @dataclass(frozen=True)
@@ -313,22 +349,28 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     plan = decode_plan(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     splits = plan.splits
     direct = splits == 1
+    cnt = None
     if direct:
         ml = acc = out   # unused
     else:
         ml = torch.empty(batch * num_heads * splits * 2, dtype=torch.float32, device=q.device)
         acc = torch.empty(batch * num_heads * splits * block_d, dtype=torch.float32,
                           device=q.device)
+        if cfg["fused_merge"] and splits <= cfg["fused_merge_max_splits"]:
+            cnt = arrival_counters(q.device, batch * num_kv_heads)
+    fused = cnt is not None
     _decode_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
-        float(scale) * _LOG2E, float(k_scale), float(v_scale), plan.want, plan.min_part,
-        plan.max_part, splits,
+        cnt if fused else ml, float(scale) * _LOG2E, float(k_scale), float(v_scale),
+        plan.want, plan.min_part, plan.max_part, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
-        BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype), DIRECT=direct, F32=_INTERPRET,
-        PAGE_AHEAD=bool(cfg["page_ahead"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
-    if not direct:
+        BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype),
+        DIRECT=direct, F32=_INTERPRET, PAGE_AHEAD=bool(cfg["page_ahead"]), FUSED=fused,
+        SPLITS_PAD=_pow2(splits) if fused else 1, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_opts())
+    if not direct and not fused:
         _decode_reduce_kernel[(batch, num_heads)](
             ml, acc, context_lens, out, plan.want, plan.min_part, plan.max_part, splits,
             out.stride(0), out.stride(1), NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d,

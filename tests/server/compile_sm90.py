@@ -46,10 +46,10 @@ def main() -> int:
     dc = ta.DECODE_CONFIG
     dec = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "bt_ptr": "*i32",
            "ctx_ptr": "*i64", "out_ptr": "*bf16", "ml_ptr": "*fp32", "acc_ptr": "*fp32",
-           "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
+           "cnt_ptr": "*i32", "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
     dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
               "BLOCK_N": dc["block_n"], "FP8": False, "F32": False,
-              "PAGE_AHEAD": dc["page_ahead"]}
+              "PAGE_AHEAD": dc["page_ahead"], "FUSED": False, "SPLITS_PAD": 1}
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
@@ -110,6 +110,9 @@ def main() -> int:
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
         ("decode attention, split", ta._decode_kernel, dec, {**dec_cx, "DIRECT": False},
          dc["num_warps"], dc["num_stages"]),
+        ("decode attention, split, merged by the last program", ta._decode_kernel, dec,
+         {**dec_cx, "DIRECT": False, "FUSED": True, "SPLITS_PAD": 32}, dc["num_warps"],
+         dc["num_stages"]),
         ("decode attention, direct", ta._decode_kernel, dec, {**dec_cx, "DIRECT": True},
          dc["num_warps"], dc["num_stages"]),
         ("decode reduce", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,

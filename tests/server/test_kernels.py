@@ -205,6 +205,42 @@ def test_decode_padded_rows_are_zero(monkeypatch):
         assert rel_err(out[:1], ref) <= TOL[torch.float16]
 
 
+@pytest.mark.parametrize("max_splits", [32, 2])
+def test_decode_merge_by_the_last_program_is_the_merge_pass(monkeypatch, max_splits):
+    """`fused_merge`: each row's last split to finish merges its KV head's query heads
+    (arrival counters) instead of `_decode_reduce_kernel`: the same bits, rows of one to
+    many splits, an empty (padding) row zeros, fp8 caches too, and every counter back at
+    zero. Over `fused_merge_max_splits` the launch keeps the merge pass."""
+    from pagefleet.server.ops import triton_common
+    rng = random.Random(17)
+    ctx = [700, 1, 33, 0, 64, 65, 300, 129]
+    bs, hk, hq, d = 16, 2, 14, 32
+    nb = sum(-(-c // bs) for c in ctx) + 3
+    tables = block_tables_for(ctx, bs, nb, rng)
+    ctx_t = torch.tensor(ctx, dtype=torch.int64, device=DEV)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(5)).to(DEV)
+    for key, value in (("target_programs", 1 << 20), ("split_programs", 64),
+                       ("min_partition", 32), ("max_partition", 192), ("block_n", 32),
+                       ("fused_merge_max_splits", max_splits)):
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
+    for kv_dtype in (torch.float32, FP8):
+        kc, vc = make_cache(nb, bs, hk, d, kv_dtype, 9)
+        got = []
+        for fused in (False, True):
+            monkeypatch.setitem(triton_attention.DECODE_CONFIG, "fused_merge", fused)
+            got.append(triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2,
+                                                               0.5, 1.5))
+        assert torch.equal(got[0], got[1])
+        assert torch.equal(got[1][3].cpu(), torch.zeros(hq, d))
+        counters = triton_common.arrival_counters(q.device, 1)
+        assert counters is not None and not counters.any()
+    plan = triton_attention.decode_plan(len(ctx), hk, tables.shape[1] * bs, q.device)
+    assert plan.splits > 2   # several splits: above max_splits 2 the merge pass ran
+    ref = attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2, 0.5, 1.5)
+    rows = [i for i, c in enumerate(ctx) if c]
+    assert rel_err(got[1][rows], ref[rows]) <= TOL[torch.float32] * 10
+
+
 # -- prefill ------------------------------------------------------------------------------
 
 PREFILL_CASES = [
