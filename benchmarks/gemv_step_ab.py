@@ -6,8 +6,9 @@ A decode step at batch 1 reads every linear layer's weights once: 28 decoder lay
 is served from L2 as it would be if one layer were timed over and over, captures the
 step's 112 GEMVs (the down projections with SiLU-and-mul as the engine runs them) in
 one CUDA graph with the process's PDL mode, and times its replay for each variant of
-FP8_CONFIG / W4_CONFIG below. Each variant's output is compared with the first one's
-(the variants move loads or where the K splits are summed, not arithmetic: bit for bit).
+FP8_CONFIG / W4_CONFIG below. Each variant's output is compared with the first one's:
+variants that move loads or where the K splits are summed give the same bits; tiles,
+accumulator chunks and split counts sum in another order.
 
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
                                                            # ("best": the fastest variants)
