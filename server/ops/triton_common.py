@@ -124,9 +124,10 @@ def pdl_wait(PDL: tl.constexpr):
 # additions the second kernel did, so the same bits) and resets the counter to zero for
 # the next launch. No program waits on another, so no grid size or residency can
 # deadlock, and a captured CUDA graph replays it as it is (the counters are zero between
-# launches). The counters are one per-device buffer shared by every such kernel: launches
-# on a stream run one after another (with PDL too: `pdl_wait` returns only once the kernel
-# before has finished and its writes are visible).
+# launches). The counters are one per-device buffer shared by every such kernel, which
+# holds because the engine launches them on one stream, one after another (with PDL too:
+# `pdl_wait` returns only once the kernel before has finished and its writes are
+# visible); two of them running at once on two streams would count on the same slots.
 COUNTER_SLOTS = 1 << 16
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
