@@ -45,8 +45,10 @@ DECODE_CONFIG = {
     "page_ahead": False,
     # fused_merge: a split row's last program to finish merges the splits of its KV head's
     # query heads (arrival counters, triton_common.last_arrival) instead of a second
-    # kernel; the same code per head, so the same bits. Only up to fused_merge_max_splits
-    # splits (its [splits, head_dim] tile stays in registers). Landed untimed: off.
+    # kernel, with the same merge code per head: the same bits in the interpreter, within
+    # rounding on a GPU (the compiler may lay out its sums differently at another warp
+    # count). Only up to fused_merge_max_splits splits (its [splits, head_dim] tile stays
+    # in registers). Landed untimed: off.
     "fused_merge": False,
     "fused_merge_max_splits": 32,
 }

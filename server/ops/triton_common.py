@@ -130,6 +130,7 @@ def pdl_wait(PDL: tl.constexpr):
 # visible); two of them running at once on two streams would count on the same slots.
 COUNTER_SLOTS = 1 << 16
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_CAPTURE_WARNED: set[tuple[str, int | None]] = set()
 
 
 def arrival_counters(device: torch.device, slots: int) -> torch.Tensor | None:
@@ -143,6 +144,11 @@ def arrival_counters(device: torch.device, slots: int) -> torch.Tensor | None:
     buf = _COUNTERS.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if key not in _CAPTURE_WARNED:
+                _CAPTURE_WARNED.add(key)
+                logging.getLogger("pagefleet.engine").warning(
+                    "split-K arrival counters first needed inside a CUDA-graph capture on "
+                    "%s: that graph sums its splits with a second kernel", device)
             return None
         buf = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return buf

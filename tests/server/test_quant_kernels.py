@@ -140,21 +140,24 @@ def test_w4a16_split_k_and_single_split_agree(monkeypatch):
                                   "fp8_a8"])
 def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, monkeypatch):
     """`fused_reduce`: each tile's last program sums the K splits (arrival counters)
-    instead of `_splitk_reduce_kernel` after: the same bits, with a bias and without, and
-    every counter back at zero for the next launch (a captured graph replays on them)."""
+    instead of `_splitk_reduce_kernel` after: the same bits over several output tiles
+    (rows and columns), with a bias and without, and every counter back at zero for the
+    next launch (a captured graph replays on them). The launches are recorded, so the
+    test fails if the fused form (or the second kernel) never ran."""
     from pagefleet.server.ops import triton_common
     w4 = path.startswith("w4")
     cfg = triton_quant.W4_CONFIG if w4 else triton_quant.FP8_CONFIG
-    monkeypatch.setitem(cfg, "target_programs", 1000)           # as many splits as tiles
+    monkeypatch.setitem(cfg, "target_programs", 1000)           # as many splits as fit
     monkeypatch.setitem(cfg, "gemv_max_m", 16 if path.endswith(("gemv", "silu")) else 0)
+    m, k, n = (3, 400, 40) if path.endswith(("gemv", "silu")) else (20, 400, 40)
     if w4:
         monkeypatch.setitem(cfg, "dequant_min_m", 10 ** 9)
-        x, qw, s, z, b = int4_case(3, 200, 40, 32, True, torch.bfloat16, seed=11)
+        x, qw, s, z, b = int4_case(m, k, n, 32, True, torch.bfloat16, seed=11)
         run = lambda bias: triton_quant.w4a16_linear(x, qw, s, z, 32, bias)  # noqa: E731
     else:
-        block = (1, 200)
-        x, w, ws, b = fp8_case(3, 200, 40, block, torch.bfloat16, seed=13)
-        gate_up = fp8_case(3, 400, 40, block, torch.bfloat16, seed=17)[0]
+        block = (1, k)
+        x, w, ws, b = fp8_case(m, k, n, block, torch.bfloat16, seed=13)
+        gate_up = fp8_case(m, 2 * k, n, block, torch.bfloat16, seed=17)[0]
         q, a_scale = quant.quantize_fp8_per_token(x)
         run = {"fp8_gemv": lambda bias: triton_quant.fp8_w8a16_linear(x, w, ws, block, None, bias),
                "fp8_silu": lambda bias: triton_quant.fp8_silu_linear(gate_up, w, ws, block,
@@ -164,16 +167,26 @@ def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, mon
                "fp8_a8": lambda bias: triton_quant.fp8_gemm_a8(q, a_scale, w, ws, block, bias,
                                                                torch.bfloat16, scaled_mm=False),
                }[path]
+    launches = []
+    outputs = triton_quant._outputs
+
+    def recorded(splits, m_, n_, tiles, *args):
+        o = outputs(splits, m_, n_, tiles, *args)
+        launches.append((splits, tiles, o.fused))
+        return o
+
+    monkeypatch.setattr(triton_quant, "_outputs", recorded)
     for bias in (b, None):
         got = []
         for fused in (False, True):
             monkeypatch.setitem(cfg, "fused_reduce", fused)
+            launches.clear()
             got.append(run(bias))
+            assert launches and all(sp > 1 and tiles > 1 and f == fused
+                                    for sp, tiles, f in launches), launches
         assert torch.equal(got[0], got[1])
         counters = triton_common.arrival_counters(x.device, 1)
         assert counters is not None and not counters.any()
-    # the splits really were several, and the counters took part
-    assert triton_quant._splits(1, 200, 32, x.device, cfg)[0] > 1
 
 
 def fp8_case(m, k, n, block, dtype, seed):
