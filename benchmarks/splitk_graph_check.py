@@ -13,10 +13,36 @@ from __future__ import annotations
 import sys
 
 
+def _rel_err(out, ref) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _replays_equal(torch, fn, eager, replays: int = 3) -> bool:
+    """`fn` captured in a CUDA graph: each replay (over a NaN-filled output) gives the
+    eager call's bits."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    same = True
+    for _ in range(replays):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        same &= bool(torch.equal(out, eager))
+    return same
+
+
+def _counters_zero(device) -> bool:
+    """Every arrival counter back at zero (what the next launch or replay counts on)."""
+    from pagefleet.server.ops import triton_common
+    cnt = triton_common.arrival_counters(device, 1)
+    return cnt is not None and not bool(cnt.any())
+
+
 def main() -> int:
     import torch
 
-    from pagefleet.server.ops import quant, triton_common
+    from pagefleet.server.ops import quant
     from pagefleet.server.ops import triton_quant as tq
     failed = 0
     torch.manual_seed(0)
@@ -38,19 +64,9 @@ def main() -> int:
             }
             for name, (fn, twin) in cases.items():
                 eager = fn()
-                ref = twin()
-                err = ((eager.double() - ref.double()).norm() / ref.double().norm()).item()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    out = fn()
-                same = True
-                for _ in range(3):
-                    out.fill_(float("nan"))
-                    g.replay()
-                    torch.cuda.synchronize()
-                    same &= bool(torch.equal(out, eager))
-                cnt = triton_common.arrival_counters(x.device, 1)
-                zero = cnt is not None and not bool(cnt.any())
+                err = _rel_err(eager, twin())
+                same = _replays_equal(torch, fn, eager)
+                zero = _counters_zero(x.device)
                 ok = same and zero and err < 2e-2
                 failed += not ok
                 print(f"{'ok' if ok else 'FAILED'} {name} {m}x{k} -> {n}: replays equal eager "
@@ -64,7 +80,6 @@ def _decode_merge_check(torch) -> int:
     replayed from a CUDA graph: the eager call's bits, the merge pass's output within
     rounding, counters zero after."""
     from pagefleet.server.ops import triton_attention as ta
-    from pagefleet.server.ops import triton_common
     failed = 0
     hq, hk, d, bs = 28, 4, 128, 16
     for batch, ctx_len in ((1, 1024), (1, 1500), (8, 4096), (64, 700)):
@@ -80,25 +95,18 @@ def _decode_merge_check(torch) -> int:
         two = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
         ta.DECODE_CONFIG["fused_merge"] = True
         try:
-            eager = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
-            same = True
-            for _ in range(3):
-                out.fill_(float("nan"))
-                g.replay()
-                torch.cuda.synchronize()
-                same &= bool(torch.equal(out, eager))
+            def fn():
+                return ta.paged_decode_attention(q, kc, vc, bt, ctx, d ** -0.5)
+            eager = fn()
+            same = _replays_equal(torch, fn, eager)
         finally:
             ta.DECODE_CONFIG.clear()
             ta.DECODE_CONFIG.update(base)
-        cnt = triton_common.arrival_counters(q.device, 1)
-        zero = cnt is not None and not bool(cnt.any())
+        zero = _counters_zero(q.device)
         splits = ta.decode_plan(batch, hk, per * bs, q.device).splits
         # The same merge code per head as the merge pass; on the GPU its sums may take
         # another reduction tree (layouts are the compiler's), so within rounding.
-        err = ((eager.double() - two.double()).norm() / two.double().norm()).item()
+        err = _rel_err(eager, two)
         ok = same and zero and err < 1e-2
         failed += not ok
         print(f"{'ok' if ok else 'FAILED'} decode merge {batch} x {ctx_len} ({splits} splits): "

@@ -242,8 +242,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
             # The row's splits that hold keys count in; the last merges them. An empty row
             # (a CUDA-graph padding row) is merged by its split 0: zeros, as the merge pass
             # writes them.
-            used = tl.cdiv(ctx, _row_partition(ctx, want, min_part, max_part, num_splits,
-                                               BLOCK_N))
+            used = tl.cdiv(ctx, part)
             merge = sp == 0
             if used > 0:
                 merge = sp < 0
