@@ -99,10 +99,16 @@ def phase_attn() -> dict:
     # page_ahead (page ids one key tile ahead, so the K/V copies stay pipelined) is new
     # on 2026-12-02 (evening): the shipped tiles with and without it, then tiles and
     # stage counts that the deeper pipeline may favour.
-    keys = ("block_m", "block_n", "num_warps", "num_stages", "longest_first", "page_ahead")
+    # 2026-12-03: Triton's Hopper warp specialization (load warps feeding math warps)
+    # on the unmasked key loop, with the shipped tiles and those it may favour.
+    keys = ("block_m", "block_n", "num_warps", "num_stages", "longest_first", "page_ahead",
+            "warp_specialize")
     variants = [dict(zip(keys, v))
-                for v in ((128, 128, 8, 3, True, True), (128, 128, 8, 3, True, False),
-                          (128, 64, 4, 3, True, False), (128, 64, 8, 3, True, True))]
+                for v in ((128, 128, 8, 3, True, True, False), (128, 128, 8, 3, True, True, True),
+                          (128, 128, 8, 2, True, True, True), (128, 128, 8, 3, True, False, True),
+                          (128, 64, 4, 3, True, False, True), (128, 64, 8, 3, True, False, True))]
+    if os.environ.get("PAGEFLEET_ATTN_VARIANTS"):   # a JSON list of tuples in `keys` order
+        variants = [dict(zip(keys, v)) for v in json.loads(os.environ["PAGEFLEET_ATTN_VARIANTS"])]
     base = dict(ta.PREFILL_CONFIG)
     res = []
     for q_len, ctx_len, nseq in ((512, 512, 16), (8192, 8192, 1), (8192, 16384, 1),

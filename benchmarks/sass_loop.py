@@ -13,6 +13,10 @@ is the cheap way to see which, and where the instructions go, before a device ca
 (7.3 a nibble): 435 of them the dequantize-and-FMA itself (LOP3, FADD, FFMA), the rest
 loading and converting the activations (LDG, PRMT, MOV, IMAD) once per 4 columns; with
 `gemv_xvec` (one vector load per word row's 8 activations) 761 (5.9 a nibble).
+2026-12-03 (16 x 256 tiles): 7.1 a nibble with one column tile a program, 5.5 with
+two and 4.9 with four (`gemv_cols`: the activations loaded and scaled once for all of
+a program's column tiles), after each nibble's AND took a single immediate (the mask
+carries the magic's bits; 7.6 before: ptxas loaded the second constant every time).
 """
 
 from __future__ import annotations
@@ -90,14 +94,15 @@ def main() -> None:
             "b_ptr": "*bf16", "out_ptr": "*fp32"}
     cases = {
         # elements per thread per iteration: the tile over the program's threads
-        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec})": (
+        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_cols {cols})": (
             tq._w4_gemv_kernel, int4,
             {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "PDL": True},
+             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "COLS": cols, "SPLITS_PAD": 4,
+             "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "group_size", *sizes],
-            bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
-        for xvec in (False, True)}
+            cols * bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
+        for xvec in (False, True) for cols in (1, 2, 4)}
     cases |= {
         f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,
@@ -105,7 +110,7 @@ def main() -> None:
              "out_ptr": "*fp32"},
             {"ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
              "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PREFETCH": pf, "XB": xb,
-             "PDL": True},
+             "KCHUNK": f8["gemv_kchunk"], "SPLITS_PAD": 4, "FUSED": True, "PDL": True},
             f8["gemv_warps"], f8["gemv_stages"],
             ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "stride_ws", *sizes],
             f8["gemv_block_k"] * f8["gemv_block_n"] / (32 * f8["gemv_warps"]))

@@ -70,7 +70,13 @@ PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 
                   # against 1.13 (8K over 8K), 1.08 against 1.18 (2K over 16K) for the
                   # 128 x 64, 4-warp tiles without it; those tiles lose with it (5.04
                   # ms: 255 registers).
-                  "page_ahead": True}
+                  "page_ahead": True,
+                  # Triton's Hopper warp specialization on the unmasked key loop (load
+                  # warps feeding math warps, as FlashAttention-3 splits them). H200,
+                  # 2026-12-03 (profile_serving.py attn): 1.09 against 1.07 ms (8K over
+                  # 8K), 3.12 against 3.17 (8K over 16K), 1.09 both (2K over 16K): no
+                  # gain, off; with 128 x 64 tiles at 4 warps it does not compile.
+                  "warp_specialize": False}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
@@ -433,7 +439,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
                     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                     FP8: tl.constexpr, F32: tl.constexpr, LONGEST_FIRST: tl.constexpr,
-                    PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr):
+                    PAGE_AHEAD: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     if LONGEST_FIRST:
         pid = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -479,7 +485,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
     # pipeline keeps num_stages - 1 tiles in flight (wait_group 2; sm_90 PTX, Triton 3.9).
     if PAGE_AHEAD:
         page_next = _pages(bt_row, 0, full_end, BS, BLOCK_N)
-    for start in range(0, full_end, BLOCK_N):
+    for start in tl.range(0, full_end, BLOCK_N, warp_specialize=WARP_SPEC):
         if PAGE_AHEAD:
             page = page_next
             page_next = _pages(bt_row, start + BLOCK_N, full_end, BS, BLOCK_N)
@@ -528,5 +534,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BS=block_size, BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"], BLOCK_B=max(_pow2(num_seqs), PREFILL_SEQ_BLOCK), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
         LONGEST_FIRST=bool(cfg["longest_first"]), PAGE_AHEAD=bool(cfg["page_ahead"]),
+        WARP_SPEC=bool(cfg["warp_specialize"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
     return out

@@ -62,6 +62,12 @@ W4_CONFIG = {
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
+    # Column tiles per GEMV program (1, 2, 4): they share one load, conversion and
+    # scaling of each K tile's activations, which the loop otherwise repeats for every
+    # 4 columns a thread holds (3.9 of its 7.3 SASS instructions a nibble,
+    # benchmarks/sass_loop.py), and each thread keeps that many more weight bytes in
+    # flight. Candidate, untimed on 2026-12-03.
+    "gemv_cols": 1,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -247,11 +253,21 @@ MAGIC_F = tl.constexpr(8388608.0)
 
 
 @triton.jit
-def _nibble_times_16j(words, j: tl.constexpr):
-    """Nibble j (0..3) of each word's low 16 bits, as the float q * 16^j: exact, with an
-    AND/OR and a float subtraction instead of a quarter-rate int-to-float conversion."""
-    bits = (words & (15 * 16 ** j)) | MAGIC
+def _nibble_times_16j(half, j: tl.constexpr):
+    """Nibble j (0..3) of `half` (a half word ORed into the bits of 2^23: `_with_magic`) as
+    the float q * 16^j: exact, with one AND (a single immediate operand: the mask keeps
+    the magic's bits too) and a float subtraction instead of a quarter-rate int-to-float
+    conversion."""
+    bits = half & (MAGIC | (15 * 16 ** j))
     return bits.to(tl.float32, bitcast=True) - MAGIC_F
+
+
+@triton.jit
+def _with_magic(words, HIGH: tl.constexpr):
+    """The low (or high) 16 bits of each word below the bits of the float 2^23."""
+    if HIGH:
+        return (words.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | MAGIC
+    return (words & 0xFFFF) | MAGIC
 
 
 @triton.jit
@@ -274,73 +290,145 @@ def _split8(xv, A: tl.constexpr, B: tl.constexpr):
     return x0, x1, x2, x3, x4, x5, x6, x7
 
 
+@triton.jit
+def _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7):
+    """`sum_i x_i q_i` over the 8 nibbles of each `[GPT, R, BLOCK_N]` word, with x_i the
+    `[GPT, R]` activations of the word's row (x1..x3 and x5..x7 already divided by 16^j:
+    `_nibble_times_16j` gives q * 16^j), summed in nibble order."""
+    lo = _with_magic(qw, False)
+    hi = _with_magic(qw, True)      # nibbles 4..7
+    part = tl.zeros(qw.shape, dtype=tl.float32)
+    part += x0[:, :, None] * _nibble_times_16j(lo, 0)
+    part += x1[:, :, None] * _nibble_times_16j(lo, 1)
+    part += x2[:, :, None] * _nibble_times_16j(lo, 2)
+    part += x3[:, :, None] * _nibble_times_16j(lo, 3)
+    part += x4[:, :, None] * _nibble_times_16j(hi, 0)
+    part += x5[:, :, None] * _nibble_times_16j(hi, 1)
+    part += x6[:, :, None] * _nibble_times_16j(hi, 2)
+    part += x7[:, :, None] * _nibble_times_16j(hi, 3)
+    return part
+
+
+@triton.jit
+def _w4_gemv_cols(acc, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask, offs_n, N,
+                  x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO: tl.constexpr):
+    """One K tile of the output columns `offs_n`: their words, scales and zero points
+    loaded, multiplied by the row's activations, and added to `acc` (the zero point out
+    of the loop: `sum x (q - z) = sum x q - z sum x`, the group's scale once)."""
+    n_mask = offs_n < N
+    qw = tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
+                 mask=r_mask[:, :, None] & n_mask[None, None, :], other=0)
+    g_off = g_row[:, None] * N + offs_n[None, :]
+    gn_mask = g_mask[:, None] & n_mask[None, :]
+    s = tl.load(s_ptr + g_off, mask=gn_mask, other=0.0).to(tl.float32)
+    part = _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7)
+    if HAS_ZERO:
+        z = tl.load(z_ptr + g_off, mask=gn_mask, other=0).to(tl.float32)
+        acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
+    else:
+        acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
+    return acc
+
+
+@triton.jit
+def _w4_gemv_store(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
+                   out_row, offs_n, N, HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                   FUSED: tl.constexpr):
+    out = tl.sum(tl.sum(acc, axis=1), axis=0)
+    n_mask = offs_n < N
+    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
+                 out_row + offs_n, offs_n, n_mask, HAS_BIAS, SPLITS_PAD, FUSED)
+
+
 @triton.jit(do_not_specialize=["splits"])
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
                     stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    COLS: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
                     PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
-    activations of a word row come in one vector load instead of 8 scalar ones."""
+    activations of a word row come in one vector load instead of 8 scalar ones.
+    COLS (1, 2 or 4) column tiles of BLOCK_N per program, `[c * BLOCK_N, (c+1) * BLOCK_N)`
+    of its span: they share each K tile's activations (loaded, converted, divided by
+    16^j and summed once for COLS tiles of words), and each thread holds COLS times the
+    weight bytes in flight; each column tile has its own split-K arrival counter."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
     R: tl.constexpr = BLOCK_K // 8 // GPT
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n = pid_n * (BLOCK_N * COLS) + tl.arange(0, BLOCK_N)
     offs_g = tl.arange(0, GPT)
     local = offs_g[:, None] * R + tl.arange(0, R)[None, :]       # [GPT, R] word rows
-    acc = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+    acc0 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+    if COLS > 1:
+        acc1 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+    if COLS > 2:
+        acc2 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+        acc3 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
     for k0 in range(k_start, k_end, BLOCK_K):
         rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
-        qw = tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
-                     mask=r_mask[:, :, None] & n_mask[None, None, :], other=0)
         g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
-        g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
-        g_off = (g_k // group_size)[:, None] * N + offs_n[None, :]
-        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
-        hi = qw >> 16   # nibbles 4..7 into the low 16 bits (sign bits above are masked off)
+        g_mask = g_k < k_end
+        g_row = g_k // group_size
         if XVEC:
             # The 8 activations of each word row in one 16-byte load, split in registers.
             xv = tl.load(x_row + rows[:, :, None] * 8 + tl.arange(0, 8)[None, None, :],
                          mask=r_mask[:, :, None], other=0.0).to(tl.float32)
             xs = tl.sum(xv, axis=2)
             x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xv, GPT, R)
-            part = x0[:, :, None] * _nibble_times_16j(qw, 0)
-            part += (x1 * (1.0 / 16.0))[:, :, None] * _nibble_times_16j(qw, 1)
-            part += (x2 * (1.0 / 256.0))[:, :, None] * _nibble_times_16j(qw, 2)
-            part += (x3 * (1.0 / 4096.0))[:, :, None] * _nibble_times_16j(qw, 3)
-            part += x4[:, :, None] * _nibble_times_16j(hi, 0)
-            part += (x5 * (1.0 / 16.0))[:, :, None] * _nibble_times_16j(hi, 1)
-            part += (x6 * (1.0 / 256.0))[:, :, None] * _nibble_times_16j(hi, 2)
-            part += (x7 * (1.0 / 4096.0))[:, :, None] * _nibble_times_16j(hi, 3)
         else:
-            part = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-            xs = tl.zeros((GPT, R), dtype=tl.float32)
-            for half in tl.static_range(2):
-                for j in tl.static_range(4):
-                    xi = tl.load(x_row + rows * 8 + (half * 4 + j), mask=r_mask,
-                                 other=0.0).to(tl.float32)
-                    wi = _nibble_times_16j(qw if half == 0 else hi, j)      # q * 16^j
-                    part += (xi * (1.0 / (16.0 ** j)))[:, :, None] * wi
-                    xs += xi
-        if HAS_ZERO:
-            z = tl.load(z_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
-            acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
-        else:
-            acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
-    out = tl.sum(tl.sum(acc, axis=1), axis=0)
-    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
-                 pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
-                 HAS_BIAS, SPLITS_PAD, FUSED)
+            x0 = tl.load(x_row + rows * 8, mask=r_mask, other=0.0).to(tl.float32)
+            x1 = tl.load(x_row + rows * 8 + 1, mask=r_mask, other=0.0).to(tl.float32)
+            x2 = tl.load(x_row + rows * 8 + 2, mask=r_mask, other=0.0).to(tl.float32)
+            x3 = tl.load(x_row + rows * 8 + 3, mask=r_mask, other=0.0).to(tl.float32)
+            x4 = tl.load(x_row + rows * 8 + 4, mask=r_mask, other=0.0).to(tl.float32)
+            x5 = tl.load(x_row + rows * 8 + 5, mask=r_mask, other=0.0).to(tl.float32)
+            x6 = tl.load(x_row + rows * 8 + 6, mask=r_mask, other=0.0).to(tl.float32)
+            x7 = tl.load(x_row + rows * 8 + 7, mask=r_mask, other=0.0).to(tl.float32)
+            xs = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+        # Nibble j of a half word comes out as q * 16^j: its activation divided by 16^j
+        # (a power of two: exact), once for every column tile.
+        x1 = x1 * (1.0 / 16.0)
+        x2 = x2 * (1.0 / 256.0)
+        x3 = x3 * (1.0 / 4096.0)
+        x5 = x5 * (1.0 / 16.0)
+        x6 = x6 * (1.0 / 256.0)
+        x7 = x7 * (1.0 / 4096.0)
+        acc0 = _w4_gemv_cols(acc0, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask, offs_n,
+                             N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
+        if COLS > 1:
+            acc1 = _w4_gemv_cols(acc1, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
+                                 offs_n + BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
+                                 HAS_ZERO)
+        if COLS > 2:
+            acc2 = _w4_gemv_cols(acc2, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
+                                 offs_n + 2 * BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
+                                 HAS_ZERO)
+            acc3 = _w4_gemv_cols(acc3, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
+                                 offs_n + 3 * BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
+                                 HAS_ZERO)
+    tile = (m * tl.num_programs(0) + pid_n) * COLS
+    out_row = m.to(tl.int64) * stride_om
+    _w4_gemv_store(acc0, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
+                   out_row, offs_n, N, HAS_BIAS, SPLITS_PAD, FUSED)
+    if COLS > 1:
+        _w4_gemv_store(acc1, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 1, splits, pid_s,
+                       stride_os, out_row, offs_n + BLOCK_N, N, HAS_BIAS, SPLITS_PAD, FUSED)
+    if COLS > 2:
+        _w4_gemv_store(acc2, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 2, splits, pid_s,
+                       stride_os, out_row, offs_n + 2 * BLOCK_N, N, HAS_BIAS, SPLITS_PAD,
+                       FUSED)
+        _w4_gemv_store(acc3, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 3, splits, pid_s,
+                       stride_os, out_row, offs_n + 3 * BLOCK_N, N, HAS_BIAS, SPLITS_PAD,
+                       FUSED)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -438,16 +526,18 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     zp = zeros if zeros is not None else scales
     bp = bias if bias is not None else scales
     if gemv:
-        bn = cfg["gemv_block_n"]
-        tiles = triton.cdiv(n, bn) * m
-        splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
-        o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
+        bn, cols = cfg["gemv_block_n"], cfg["gemv_cols"]
+        assert cols in (1, 2, 4), "W4_CONFIG['gemv_cols'] is 1, 2 or 4"
+        programs = triton.cdiv(n, bn * cols) * m
+        splits, per = _splits(programs, k, bk, x.device, cfg, gemv=True)
+        o = _outputs(splits, m, n, programs * cols, x, x.dtype, bias, cfg)
+        _w4_gemv_kernel[(triton.cdiv(n, bn * cols), splits, m)](
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), group_size, per, splits,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
-            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), SPLITS_PAD=o.splits_pad, FUSED=o.fused,
-            num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), COLS=cols, SPLITS_PAD=o.splits_pad,
+            FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
+            **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)

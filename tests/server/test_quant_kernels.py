@@ -123,6 +123,41 @@ def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
         assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, group, b), ref) <= 1e-5
 
 
+@pytest.mark.parametrize("cols", [2, 4])
+@pytest.mark.parametrize("xvec", [False, True])
+@pytest.mark.parametrize("k,group,zeros", [(200, 32, True), (256, 128, False)])
+def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, xvec, k, group, zeros, monkeypatch):
+    """`gemv_cols`: a program's column tiles share each K tile's activations; every
+    column still sums the same products in the same order, so the bits of one tile a
+    program, with N not a multiple of the program's span (tiles past N), one split and
+    many, split-K summed in the kernel or after, a bias or none. The launches are
+    recorded: one arrival counter per column tile."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
+    m, n = 2, 40
+    x, qw, s, z, b = int4_case(m, k, n, group, zeros, torch.bfloat16, seed=k + cols)
+    launches = []
+    outputs = triton_quant._outputs
+
+    def recorded(splits, m_, n_, tiles, *args):
+        launches.append(tiles)
+        return outputs(splits, m_, n_, tiles, *args)
+
+    monkeypatch.setattr(triton_quant, "_outputs", recorded)
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        for fused in (False, True):
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
+            for bias in (b, None):
+                got = []
+                for c in (1, cols):
+                    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_cols", c)
+                    launches.clear()
+                    got.append(triton_quant.w4a16_linear(x, qw, s, z, group, bias))
+                    assert launches == [m * -(-n // (16 * c)) * c]
+                assert torch.equal(got[0], got[1])
+
+
 def test_w4a16_split_k_and_single_split_agree(monkeypatch):
     x, qw, s, z, b = int4_case(2, 256, 32, 32, True, torch.float32, 7)
     ref = quant.w4a16_linear(x, qw, s, z, 32, b)
