@@ -38,14 +38,18 @@ VARIANTS = {
             {"gemv_block_n": 32, "gemv_block_k": 512}, {"gemv_block_n": 16, "gemv_block_k": 256},
             {"gemv_block_n": 64, "gemv_block_k": 256, "gemv_warps": 8}, {"gemv_warps": 2},
             {"gemv_block_n": 32, "gemv_block_k": 128, "gemv_warps": 2}],
-    # w4: column tiles a program (`gemv_cols`, 2026-12-03: the activations loaded and
-    # scaled once for all of them; sm_90 ptxas: 48 registers at 1, 56 at 2, 80 at 4;
-    # SASS a nibble 7.1, 5.5, 4.9) and the split target that more columns a program
-    # leaves (fewer programs, so more K splits).
-    "w4": [{}, {"gemv_cols": 2}, {"gemv_cols": 4}, {"gemv_cols": 4, "gemv_programs_per_sm": 8},
-           {"gemv_cols": 4, "gemv_programs_per_sm": 16}, {"gemv_cols": 4, "gemv_programs_per_sm": 6},
-           {"gemv_cols": 2, "gemv_programs_per_sm": 8}, {"gemv_cols": 4, "gemv_block_k": 128},
-           {"gemv_cols": 4, "gemv_xvec": True}, {"gemv_cols": 4, "gemv_block_n": 8}],
+    # w4, 2026-12-03: column tiles a program (`gemv_cols`: the activations loaded and
+    # scaled once for all of them) cut SASS a nibble from 7.1 to 4.9 at 4 tiles but ran
+    # slower (2.71 against 2.25 ms: 80 registers, fewer K iterations a program): the loop
+    # waits on its loads, not on issue. So the next K tile's words loaded a step ahead
+    # (`gemv_prefetch`, 48 registers at 16 x 256), and the tiles and split targets
+    # around it.
+    "w4": [{}, {"gemv_prefetch": True}, {"gemv_prefetch": True, "gemv_programs_per_sm": 8},
+           {"gemv_prefetch": True, "gemv_programs_per_sm": 16},
+           {"gemv_prefetch": True, "gemv_block_k": 512},
+           {"gemv_prefetch": True, "gemv_block_n": 8, "gemv_block_k": 512},
+           {"gemv_programs_per_sm": 16}, {"gemv_block_n": 8, "gemv_block_k": 512},
+           {"gemv_cols": 2}],
 }
 
 

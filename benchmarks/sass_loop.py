@@ -94,15 +94,17 @@ def main() -> None:
             "b_ptr": "*bf16", "out_ptr": "*fp32"}
     cases = {
         # elements per thread per iteration: the tile over the program's threads
-        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_cols {cols})": (
+        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_cols {cols}, prefetch {pf})": (
             tq._w4_gemv_kernel, int4,
             {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "COLS": cols, "SPLITS_PAD": 4,
+             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "COLS": cols, "PREFETCH": pf,
+             "SPLITS_PAD": 4,
              "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "group_size", *sizes],
             cols * bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
-        for xvec in (False, True) for cols in (1, 2, 4)}
+        for xvec in (False, True) for cols, pf in ((1, False), (2, False), (4, False),
+                                                   (1, True))}
     cases |= {
         f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,

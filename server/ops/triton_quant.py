@@ -68,6 +68,9 @@ W4_CONFIG = {
     # benchmarks/sass_loop.py), and each thread keeps that many more weight bytes in
     # flight. Candidate, untimed on 2026-12-03.
     "gemv_cols": 1,
+    # The next K tile's words loaded before this one's are multiplied (one column tile):
+    # candidate, untimed on 2026-12-03.
+    "gemv_prefetch": False,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -310,14 +313,20 @@ def _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @triton.jit
-def _w4_gemv_cols(acc, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask, offs_n, N,
+def _w4_words(qw_ptr, rows, r_mask, offs_n, N):
+    """The `[GPT, R, BLOCK_N]` words of word rows `rows` and columns `offs_n` (0 outside)."""
+    return tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
+                   mask=r_mask[:, :, None] & (offs_n < N)[None, None, :], other=0)
+
+
+@triton.jit
+def _w4_gemv_cols(acc, qw, s_ptr, z_ptr, g_row, g_mask, offs_n, N,
                   x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO: tl.constexpr):
-    """One K tile of the output columns `offs_n`: their words, scales and zero points
-    loaded, multiplied by the row's activations, and added to `acc` (the zero point out
-    of the loop: `sum x (q - z) = sum x q - z sum x`, the group's scale once)."""
+    """One K tile of the output columns `offs_n` (words `qw`): their scales and zero
+    points loaded, the words multiplied by the row's activations and added to `acc` (the
+    zero point out of the loop: `sum x (q - z) = sum x q - z sum x`, the group's scale
+    once)."""
     n_mask = offs_n < N
-    qw = tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
-                 mask=r_mask[:, :, None] & n_mask[None, None, :], other=0)
     g_off = g_row[:, None] * N + offs_n[None, :]
     gn_mask = g_mask[:, None] & n_mask[None, :]
     s = tl.load(s_ptr + g_off, mask=gn_mask, other=0.0).to(tl.float32)
@@ -345,8 +354,8 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
                     stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    COLS: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
-                    PDL: tl.constexpr):
+                    COLS: tl.constexpr, PREFETCH: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                    FUSED: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
@@ -354,7 +363,9 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     COLS (1, 2 or 4) column tiles of BLOCK_N per program, `[c * BLOCK_N, (c+1) * BLOCK_N)`
     of its span: they share each K tile's activations (loaded, converted, divided by
     16^j and summed once for COLS tiles of words), and each thread holds COLS times the
-    weight bytes in flight; each column tile has its own split-K arrival counter."""
+    weight bytes in flight; each column tile has its own split-K arrival counter.
+    PREFETCH (one column tile): the next K tile's words are loaded before this tile's
+    are multiplied, so a load stays in flight while the thread computes."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -372,9 +383,18 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
+    if PREFETCH:
+        rows_next = k_start // 8 + local
+        qw_next = _w4_words(qw_ptr, rows_next, rows_next * 8 < k_end, offs_n, N)
     for k0 in range(k_start, k_end, BLOCK_K):
         rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
+        if PREFETCH:
+            qw0 = qw_next
+            rows_next = rows + BLOCK_K // 8
+            qw_next = _w4_words(qw_ptr, rows_next, rows_next * 8 < k_end, offs_n, N)
+        else:
+            qw0 = _w4_words(qw_ptr, rows, r_mask, offs_n, N)
         g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
         g_mask = g_k < k_end
         g_row = g_k // group_size
@@ -402,19 +422,19 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
         x5 = x5 * (1.0 / 16.0)
         x6 = x6 * (1.0 / 256.0)
         x7 = x7 * (1.0 / 4096.0)
-        acc0 = _w4_gemv_cols(acc0, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask, offs_n,
-                             N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
+        acc0 = _w4_gemv_cols(acc0, qw0, s_ptr, z_ptr, g_row, g_mask, offs_n, N,
+                             x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
         if COLS > 1:
-            acc1 = _w4_gemv_cols(acc1, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
-                                 offs_n + BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
-                                 HAS_ZERO)
+            qw1 = _w4_words(qw_ptr, rows, r_mask, offs_n + BLOCK_N, N)
+            acc1 = _w4_gemv_cols(acc1, qw1, s_ptr, z_ptr, g_row, g_mask, offs_n + BLOCK_N, N,
+                                 x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
         if COLS > 2:
-            acc2 = _w4_gemv_cols(acc2, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
-                                 offs_n + 2 * BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
-                                 HAS_ZERO)
-            acc3 = _w4_gemv_cols(acc3, qw_ptr, s_ptr, z_ptr, rows, r_mask, g_row, g_mask,
-                                 offs_n + 3 * BLOCK_N, N, x0, x1, x2, x3, x4, x5, x6, x7, xs,
-                                 HAS_ZERO)
+            qw2 = _w4_words(qw_ptr, rows, r_mask, offs_n + 2 * BLOCK_N, N)
+            acc2 = _w4_gemv_cols(acc2, qw2, s_ptr, z_ptr, g_row, g_mask, offs_n + 2 * BLOCK_N,
+                                 N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
+            qw3 = _w4_words(qw_ptr, rows, r_mask, offs_n + 3 * BLOCK_N, N)
+            acc3 = _w4_gemv_cols(acc3, qw3, s_ptr, z_ptr, g_row, g_mask, offs_n + 3 * BLOCK_N,
+                                 N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
     tile = (m * tl.num_programs(0) + pid_n) * COLS
     out_row = m.to(tl.int64) * stride_om
     _w4_gemv_store(acc0, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
@@ -526,8 +546,9 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     zp = zeros if zeros is not None else scales
     bp = bias if bias is not None else scales
     if gemv:
-        bn, cols = cfg["gemv_block_n"], cfg["gemv_cols"]
+        bn, cols, prefetch = cfg["gemv_block_n"], cfg["gemv_cols"], bool(cfg["gemv_prefetch"])
         assert cols in (1, 2, 4), "W4_CONFIG['gemv_cols'] is 1, 2 or 4"
+        assert cols == 1 or not prefetch, "W4_CONFIG['gemv_prefetch'] takes one column tile"
         programs = triton.cdiv(n, bn * cols) * m
         splits, per = _splits(programs, k, bk, x.device, cfg, gemv=True)
         o = _outputs(splits, m, n, programs * cols, x, x.dtype, bias, cfg)
@@ -535,7 +556,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), group_size, per, splits,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
-            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), COLS=cols, SPLITS_PAD=o.splits_pad,
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), COLS=cols, PREFETCH=prefetch,
+            SPLITS_PAD=o.splits_pad,
             FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
             **launch_opts())
     else:

@@ -123,15 +123,17 @@ def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
         assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, group, b), ref) <= 1e-5
 
 
-@pytest.mark.parametrize("cols", [2, 4])
+@pytest.mark.parametrize("cols,prefetch", [(2, False), (4, False), (1, True)])
 @pytest.mark.parametrize("xvec", [False, True])
 @pytest.mark.parametrize("k,group,zeros", [(200, 32, True), (256, 128, False)])
-def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, xvec, k, group, zeros, monkeypatch):
+def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, prefetch, xvec, k, group, zeros,
+                                                 monkeypatch):
     """`gemv_cols`: a program's column tiles share each K tile's activations; every
     column still sums the same products in the same order, so the bits of one tile a
     program, with N not a multiple of the program's span (tiles past N), one split and
     many, split-K summed in the kernel or after, a bias or none. The launches are
-    recorded: one arrival counter per column tile."""
+    recorded: one arrival counter per column tile. `gemv_prefetch` (the next K tile's
+    words loaded a step ahead, past the split's end too) is the same arithmetic."""
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     m, n = 2, 40
@@ -150,8 +152,9 @@ def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, xvec, k, group, zeros, mo
             monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
             for bias in (b, None):
                 got = []
-                for c in (1, cols):
+                for c, pf in ((1, False), (cols, prefetch)):
                     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_cols", c)
+                    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", pf)
                     launches.clear()
                     got.append(triton_quant.w4a16_linear(x, qw, s, z, group, bias))
                     assert launches == [m * -(-n // (16 * c)) * c]
