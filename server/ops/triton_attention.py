@@ -48,7 +48,8 @@ DECODE_CONFIG = {
     # kernel, with the same merge code per head: the same bits in the interpreter, within
     # rounding on a GPU (the compiler may lay out its sums differently at another warp
     # count). Only up to fused_merge_max_splits splits (its [splits, head_dim] tile stays
-    # in registers). Landed untimed: off.
+    # in registers). H200, 2026-12-03 (profile_serving.py dattn, us a layer): 12.2
+    # against 5.8 at B=1 over 1K, 148 against 138 at 16 x 16K, equal elsewhere: off.
     "fused_merge": False,
     "fused_merge_max_splits": 32,
 }

@@ -64,9 +64,10 @@ W4_CONFIG = {
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
     # Column tiles per GEMV program (1, 2, 4): they share one load, conversion and
     # scaling of each K tile's activations, which the loop otherwise repeats for every
-    # 4 columns a thread holds (3.9 of its 7.3 SASS instructions a nibble,
-    # benchmarks/sass_loop.py), and each thread keeps that many more weight bytes in
-    # flight. Candidate, untimed on 2026-12-03.
+    # 4 columns a thread holds: 4.9 SASS instructions a nibble at 4 tiles against 7.1
+    # (benchmarks/sass_loop.py). Yet slower on the H200 (2026-12-03, gemv_step_ab.py: a
+    # step's GEMVs 2.71 ms at 4 tiles, 80 registers; 2.23 at 2; 2.25 at 1): the loop
+    # waits on its loads' latency, not on issue. 1.
     "gemv_cols": 1,
     # The next K tile's words loaded before this one's are multiplied (one column tile):
     # candidate, untimed on 2026-12-03.
