@@ -4,8 +4,9 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
 - Nibbles become floats without an int-to-float conversion (a quarter-rate instruction
   on Hopper): OR-ing a nibble that sits in the low 16 bits into the bit pattern of 2^23
   gives the float 2^23 + q * 16^j exactly, and one subtraction leaves q * 16^j
-  (`_nibble_times_16j`); the 16^j is folded into the activation (a power of two:
-  exact). On the H200 this moved the B=1 linear layers only from 2.82 to 2.77 ms, and
+  (`_nibble_times_16j`; each half word is ORed into 2^23's bits once, so each nibble
+  is then one AND with one immediate); the 16^j is folded into the activation (a power
+  of two: exact). On the H200 this moved the B=1 linear layers only from 2.82 to 2.77 ms, and
   tiles spanning four groups (4x the words in flight per thread) only to 2.66 ms: the
   GEMV (1.3 TB/s) issues ~4 instructions per nibble, which the loads do not hide.
 - `_w4_gemv_kernel`, small batches (decode): each program takes `BLOCK_N` output
