@@ -70,9 +70,11 @@ W4_CONFIG = {
     # step's GEMVs 2.71 ms at 4 tiles, 80 registers; 2.23 at 2; 2.25 at 1): the loop
     # waits on its loads' latency, not on issue. 1.
     "gemv_cols": 1,
-    # The next K tile's words loaded before this one's are multiplied (one column tile):
-    # candidate, untimed on 2026-12-03.
-    "gemv_prefetch": False,
+    # The next K tile's words loaded before this one's are multiplied (one column tile),
+    # so a load stays in flight while the thread computes: same bits, 48 registers. H200,
+    # 2026-12-03 (one machine): a step's GEMVs 2.22 against 2.62 ms (gemv_step_ab.py, in
+    # either order), the engine's AWQ B=1 step 2.97 against 3.13 ms.
+    "gemv_prefetch": True,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
