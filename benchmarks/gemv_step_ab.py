@@ -38,15 +38,15 @@ VARIANTS = {
             {"gemv_block_n": 32, "gemv_block_k": 512}, {"gemv_block_n": 16, "gemv_block_k": 256},
             {"gemv_block_n": 64, "gemv_block_k": 256, "gemv_warps": 8}, {"gemv_warps": 2},
             {"gemv_block_n": 32, "gemv_block_k": 128, "gemv_warps": 2}],
-    # w4, 2026-12-03: column tiles a program (`gemv_cols`: the activations loaded and
-    # scaled once for all of them) cut SASS a nibble from 7.1 to 4.9 at 4 tiles but ran
+    # w4, 2026-12-03: column tiles a program (the activations loaded and scaled once for
+    # all of them; since removed) cut SASS a nibble from 7.1 to 4.9 at 4 tiles but ran
     # slower (2.71 against 2.25 ms: 80 registers, fewer K iterations a program): the loop
     # waits on its loads, not on issue. So the next K tile's words loaded a step ahead
     # (`gemv_prefetch`, 48 registers at 16 x 256; shipped since: 2.22 against 2.62 ms on
     # one machine), and the tiles and split targets around it.
     "w4": [{}, {"gemv_prefetch": False}, {"gemv_programs_per_sm": 8},
            {"gemv_programs_per_sm": 16}, {"gemv_block_k": 512},
-           {"gemv_block_n": 8, "gemv_block_k": 512}, {"gemv_cols": 2, "gemv_prefetch": False}],
+           {"gemv_block_n": 8, "gemv_block_k": 512}],
 }
 
 

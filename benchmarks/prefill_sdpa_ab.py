@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import log, median_ms  # noqa: E402
+from gpu_bench import flushed_ms, log  # noqa: E402
 
 from pagefleet.server.ops import triton_attention as ta  # noqa: E402
 
@@ -36,11 +36,6 @@ OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 HQ, HK, D, BS = 28, 4, 128, 16
 SHAPES = ((8192, 8192, 1), (8192, 16384, 1), (2048, 16384, 1), (4096, 4096, 1),
           (2048, 2048, 4))
-
-
-def flushed_ms(fn, n: int = 8) -> float:
-    buf = torch.empty(128 << 20, device="cuda", dtype=torch.float32)
-    return median_ms(fn, n=n, warmup=2, before=buf.zero_)
 
 
 def gather(cache: torch.Tensor, pages: torch.Tensor, ctx: int) -> torch.Tensor:
@@ -59,7 +54,7 @@ def merge(o1, l1, o2, l2):
 def sdpa_path(backend: str, expand: bool, split: bool):
     """A function of the Triton kernel's arguments that computes the same attention."""
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
 
     def run(q, kc, vc, cu, ctx_host, bt, scale, out):
         for b in range(len(ctx_host)):
@@ -105,8 +100,8 @@ def first_calls() -> list[dict]:
     plan per shape; a server's chunk lengths change every step), against a repeat."""
     g = torch.Generator(device="cuda").manual_seed(7)
     rows = []
-    for i, (q_len, ctx) in enumerate(((8000, 8000), (8001, 8001), (7808, 16000),
-                                      (7809, 16001), (8100, 16100))):
+    for q_len, ctx in ((8000, 8000), (8001, 8001), (7808, 16000), (7809, 16001),
+                       (8100, 16100)):
         q = torch.randn(1, HQ, q_len, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(1, HQ, ctx, D, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn_like(k)

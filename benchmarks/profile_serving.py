@@ -70,21 +70,9 @@ def kernel_table(prof, top: int = 25) -> dict:
 
 # -- attn -------------------------------------------------------------------------------------
 
-def flushed_ms(fn, n: int = 8) -> float:
-    """Median time of one call with L2 emptied first (a 512 MiB write between calls), as
-    in the engine, where the GEMMs between two layers' attention leave none of its K/V in
-    L2; graph replays of one call can keep much of it warm. (2026-12-01: both timings
-    agreed, 128 x 64 tiles 20% ahead at long chunks; the engine's 16K-document run still
-    was no faster with them, so a pick here is a candidate until longdoc_pick shows it.)"""
-    import torch
-    from gpu_bench import median_ms
-    buf = torch.empty(128 << 20, device="cuda", dtype=torch.float32)
-    return median_ms(fn, n=n, warmup=1, before=buf.zero_)
-
-
 def phase_attn() -> dict:
     import torch
-    from gpu_bench import graph_ms
+    from gpu_bench import flushed_ms, graph_ms
     from pagefleet.server.ops import triton_attention as ta
     before = None
     if os.environ.get("PAGEFLEET_ATTN_BEFORE"):

@@ -13,10 +13,10 @@ is the cheap way to see which, and where the instructions go, before a device ca
 (7.3 a nibble): 435 of them the dequantize-and-FMA itself (LOP3, FADD, FFMA), the rest
 loading and converting the activations (LDG, PRMT, MOV, IMAD) once per 4 columns; with
 `gemv_xvec` (one vector load per word row's 8 activations) 761 (5.9 a nibble).
-2026-12-03 (16 x 256 tiles): 7.1 a nibble with one column tile a program, 5.5 with
-two and 4.9 with four (`gemv_cols`: the activations loaded and scaled once for all of
-a program's column tiles), after each nibble's AND took a single immediate (the mask
-carries the magic's bits; 7.6 before: ptxas loaded the second constant every time).
+2026-12-03 (16 x 256 tiles): 7.1 a nibble after each nibble's AND took a single
+immediate (the mask carries the magic's bits; 7.6 before: ptxas loaded the second
+constant every time). Column tiles a program sharing each K tile's activations reached
+4.9 at four tiles but ran slower on the H200 (BENCHMARKS.md) and were removed.
 """
 
 from __future__ import annotations
@@ -94,17 +94,15 @@ def main() -> None:
             "b_ptr": "*bf16", "out_ptr": "*fp32"}
     cases = {
         # elements per thread per iteration: the tile over the program's threads
-        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_cols {cols}, prefetch {pf})": (
+        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_prefetch {pf})": (
             tq._w4_gemv_kernel, int4,
             {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "COLS": cols, "PREFETCH": pf,
-             "SPLITS_PAD": 4,
+             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "PREFETCH": pf, "SPLITS_PAD": 4,
              "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "group_size", *sizes],
-            cols * bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
-        for xvec in (False, True) for cols, pf in ((1, False), (2, False), (4, False),
-                                                   (1, True))}
+            bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
+        for xvec in (False, True) for pf in (False, True)}
     cases |= {
         f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,

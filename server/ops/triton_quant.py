@@ -63,17 +63,12 @@ W4_CONFIG = {
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
-    # Column tiles per GEMV program (1, 2, 4): they share one load, conversion and
-    # scaling of each K tile's activations, which the loop otherwise repeats for every
-    # 4 columns a thread holds: 4.9 SASS instructions a nibble at 4 tiles against 7.1
-    # (benchmarks/sass_loop.py). Yet slower on the H200 (2026-12-03, gemv_step_ab.py: a
-    # step's GEMVs 2.71 ms at 4 tiles, 80 registers; 2.23 at 2; 2.25 at 1): the loop
-    # waits on its loads' latency, not on issue. 1.
-    "gemv_cols": 1,
-    # The next K tile's words loaded before this one's are multiplied (one column tile),
-    # so a load stays in flight while the thread computes: same bits, 48 registers. H200,
+    # The next K tile's words loaded before this one's are multiplied, so a load stays
+    # in flight while the thread computes: same bits, 48 registers. H200,
     # 2026-12-03 (one machine): a step's GEMVs 2.22 against 2.62 ms (gemv_step_ab.py, in
-    # either order), the engine's AWQ B=1 step 2.97 against 3.13 ms.
+    # either order), the engine's AWQ B=1 step 2.97 against 3.13 ms. (Several column
+    # tiles a program sharing each K tile's activations cut SASS to 4.9 a nibble but ran
+    # slower, 2.71 ms at 4 tiles: the loop waits on its loads, not on issue; removed.)
     "gemv_prefetch": True,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
@@ -323,67 +318,29 @@ def _w4_words(qw_ptr, rows, r_mask, offs_n, N):
                    mask=r_mask[:, :, None] & (offs_n < N)[None, None, :], other=0)
 
 
-@triton.jit
-def _w4_gemv_cols(acc, qw, s_ptr, z_ptr, g_row, g_mask, offs_n, N,
-                  x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO: tl.constexpr):
-    """One K tile of the output columns `offs_n` (words `qw`): their scales and zero
-    points loaded, the words multiplied by the row's activations and added to `acc` (the
-    zero point out of the loop: `sum x (q - z) = sum x q - z sum x`, the group's scale
-    once)."""
-    n_mask = offs_n < N
-    g_off = g_row[:, None] * N + offs_n[None, :]
-    gn_mask = g_mask[:, None] & n_mask[None, :]
-    s = tl.load(s_ptr + g_off, mask=gn_mask, other=0.0).to(tl.float32)
-    part = _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7)
-    if HAS_ZERO:
-        z = tl.load(z_ptr + g_off, mask=gn_mask, other=0).to(tl.float32)
-        acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
-    else:
-        acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
-    return acc
-
-
-@triton.jit
-def _w4_gemv_store(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
-                   out_row, offs_n, N, HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                   FUSED: tl.constexpr):
-    out = tl.sum(tl.sum(acc, axis=1), axis=0)
-    n_mask = offs_n < N
-    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
-                 out_row + offs_n, offs_n, n_mask, HAS_BIAS, SPLITS_PAD, FUSED)
-
-
 @triton.jit(do_not_specialize=["splits"])
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
                     stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    COLS: tl.constexpr, PREFETCH: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                    FUSED: tl.constexpr, PDL: tl.constexpr):
+                    PREFETCH: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
+                    PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
     activations of a word row come in one vector load instead of 8 scalar ones.
-    COLS (1, 2 or 4) column tiles of BLOCK_N per program, `[c * BLOCK_N, (c+1) * BLOCK_N)`
-    of its span: they share each K tile's activations (loaded, converted, divided by
-    16^j and summed once for COLS tiles of words), and each thread holds COLS times the
-    weight bytes in flight; each column tile has its own split-K arrival counter.
-    PREFETCH (one column tile): the next K tile's words are loaded before this tile's
-    are multiplied, so a load stays in flight while the thread computes."""
+    PREFETCH: the next K tile's words are loaded before this tile's are multiplied, so
+    a load stays in flight while the thread computes."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     m = tl.program_id(2)
     R: tl.constexpr = BLOCK_K // 8 // GPT
-    offs_n = pid_n * (BLOCK_N * COLS) + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
     offs_g = tl.arange(0, GPT)
     local = offs_g[:, None] * R + tl.arange(0, R)[None, :]       # [GPT, R] word rows
-    acc0 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-    if COLS > 1:
-        acc1 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-    if COLS > 2:
-        acc2 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-        acc3 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
@@ -394,14 +351,15 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
         rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
         if PREFETCH:
-            qw0 = qw_next
+            qw = qw_next
             rows_next = rows + BLOCK_K // 8
             qw_next = _w4_words(qw_ptr, rows_next, rows_next * 8 < k_end, offs_n, N)
         else:
-            qw0 = _w4_words(qw_ptr, rows, r_mask, offs_n, N)
+            qw = _w4_words(qw_ptr, rows, r_mask, offs_n, N)
         g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
-        g_mask = g_k < k_end
-        g_row = g_k // group_size
+        g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
+        g_off = (g_k // group_size)[:, None] * N + offs_n[None, :]
+        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
         if XVEC:
             # The 8 activations of each word row in one 16-byte load, split in registers.
             xv = tl.load(x_row + rows[:, :, None] * 8 + tl.arange(0, 8)[None, None, :],
@@ -419,40 +377,21 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
             x7 = tl.load(x_row + rows * 8 + 7, mask=r_mask, other=0.0).to(tl.float32)
             xs = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
         # Nibble j of a half word comes out as q * 16^j: its activation divided by 16^j
-        # (a power of two: exact), once for every column tile.
-        x1 = x1 * (1.0 / 16.0)
-        x2 = x2 * (1.0 / 256.0)
-        x3 = x3 * (1.0 / 4096.0)
-        x5 = x5 * (1.0 / 16.0)
-        x6 = x6 * (1.0 / 256.0)
-        x7 = x7 * (1.0 / 4096.0)
-        acc0 = _w4_gemv_cols(acc0, qw0, s_ptr, z_ptr, g_row, g_mask, offs_n, N,
-                             x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
-        if COLS > 1:
-            qw1 = _w4_words(qw_ptr, rows, r_mask, offs_n + BLOCK_N, N)
-            acc1 = _w4_gemv_cols(acc1, qw1, s_ptr, z_ptr, g_row, g_mask, offs_n + BLOCK_N, N,
-                                 x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
-        if COLS > 2:
-            qw2 = _w4_words(qw_ptr, rows, r_mask, offs_n + 2 * BLOCK_N, N)
-            acc2 = _w4_gemv_cols(acc2, qw2, s_ptr, z_ptr, g_row, g_mask, offs_n + 2 * BLOCK_N,
-                                 N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
-            qw3 = _w4_words(qw_ptr, rows, r_mask, offs_n + 3 * BLOCK_N, N)
-            acc3 = _w4_gemv_cols(acc3, qw3, s_ptr, z_ptr, g_row, g_mask, offs_n + 3 * BLOCK_N,
-                                 N, x0, x1, x2, x3, x4, x5, x6, x7, xs, HAS_ZERO)
-    tile = (m * tl.num_programs(0) + pid_n) * COLS
-    out_row = m.to(tl.int64) * stride_om
-    _w4_gemv_store(acc0, out_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, stride_os,
-                   out_row, offs_n, N, HAS_BIAS, SPLITS_PAD, FUSED)
-    if COLS > 1:
-        _w4_gemv_store(acc1, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 1, splits, pid_s,
-                       stride_os, out_row, offs_n + BLOCK_N, N, HAS_BIAS, SPLITS_PAD, FUSED)
-    if COLS > 2:
-        _w4_gemv_store(acc2, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 2, splits, pid_s,
-                       stride_os, out_row, offs_n + 2 * BLOCK_N, N, HAS_BIAS, SPLITS_PAD,
-                       FUSED)
-        _w4_gemv_store(acc3, out_ptr, res_ptr, cnt_ptr, b_ptr, tile + 3, splits, pid_s,
-                       stride_os, out_row, offs_n + 3 * BLOCK_N, N, HAS_BIAS, SPLITS_PAD,
-                       FUSED)
+        # (a power of two: exact).
+        part = _w4_words_dot(qw, x0, x1 * (1.0 / 16.0), x2 * (1.0 / 256.0),
+                             x3 * (1.0 / 4096.0), x4, x5 * (1.0 / 16.0), x6 * (1.0 / 256.0),
+                             x7 * (1.0 / 4096.0))
+        # The zero point out of the loop (`sum x (q - z) = sum x q - z sum x`), the
+        # group's scale once.
+        if HAS_ZERO:
+            z = tl.load(z_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
+            acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
+        else:
+            acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
+    out = tl.sum(tl.sum(acc, axis=1), axis=0)
+    _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
+                 pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
+                 HAS_BIAS, SPLITS_PAD, FUSED)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -550,20 +489,17 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     zp = zeros if zeros is not None else scales
     bp = bias if bias is not None else scales
     if gemv:
-        bn, cols, prefetch = cfg["gemv_block_n"], cfg["gemv_cols"], bool(cfg["gemv_prefetch"])
-        assert cols in (1, 2, 4), "W4_CONFIG['gemv_cols'] is 1, 2 or 4"
-        assert cols == 1 or not prefetch, "W4_CONFIG['gemv_prefetch'] takes one column tile"
-        programs = triton.cdiv(n, bn * cols) * m
-        splits, per = _splits(programs, k, bk, x.device, cfg, gemv=True)
-        o = _outputs(splits, m, n, programs * cols, x, x.dtype, bias, cfg)
-        _w4_gemv_kernel[(triton.cdiv(n, bn * cols), splits, m)](
+        bn = cfg["gemv_block_n"]
+        tiles = triton.cdiv(n, bn) * m
+        splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
+        o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
+        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), group_size, per, splits,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
-            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), COLS=cols, PREFETCH=prefetch,
-            SPLITS_PAD=o.splits_pad,
-            FUSED=o.fused, num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"],
-            **launch_opts())
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=bool(cfg["gemv_prefetch"]),
+            SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
+            num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)

@@ -55,25 +55,24 @@ def main() -> int:
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "COLS": w4["gemv_cols"], "PREFETCH": w4["gemv_prefetch"], **one},
+         "PREFETCH": w4["gemv_prefetch"], **one},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv, vector activation loads, next words prefetched", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+        ("w4 gemv, vector activation loads", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
-         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True, "COLS": 1,
-         "PREFETCH": True, **fused},
+         "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True,
+         "PREFETCH": w4["gemv_prefetch"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv, 4 column tiles a program", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+        ("w4 gemv, words not prefetched", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "COLS": 4, "PREFETCH": False, **fused},
+         "PREFETCH": not w4["gemv_prefetch"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"],
-         "GPT": 1, "XVEC": w4["gemv_xvec"], "COLS": w4["gemv_cols"],
-         "PREFETCH": w4["gemv_prefetch"], **fused}, w4["gemv_warps"],
-         w4["gemv_stages"]),
+         "GPT": 1, "XVEC": w4["gemv_xvec"],
+         "PREFETCH": w4["gemv_prefetch"], **fused}, w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),
@@ -107,13 +106,15 @@ def main() -> int:
         ("prefill attention", ta._prefill_kernel, attn, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
-         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"], "WARP_SPEC": pf["warp_specialize"]},
+         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
+         "WARP_SPEC": pf["warp_specialize"]},
          pf["num_warps"], pf["num_stages"]),
         ("prefill attention, fp8 cache", ta._prefill_kernel,
          {**attn, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False,
-         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"], "WARP_SPEC": pf["warp_specialize"]},
+         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
+         "WARP_SPEC": pf["warp_specialize"]},
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
@@ -169,9 +170,8 @@ def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -
                                                   "k_per_split"]),
         "w4": (tq._w4_gemv_kernel, int4, {
             "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-            "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"], "COLS": w4["gemv_cols"],
-            "PREFETCH": w4["gemv_prefetch"],
-            "SPLITS_PAD": 4,
+            "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"],
+            "PREFETCH": w4["gemv_prefetch"], "SPLITS_PAD": 4,
             "FUSED": True}, w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "N", "stride_xm", "k_per_split"]),
     }
@@ -219,7 +219,8 @@ def metadata_dtype_costs_nothing(target, attn: dict, pf: dict) -> bool:
     name = "prefill attention: int64 step metadata, the registers of int32"
     cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
           "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
-          "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"], "WARP_SPEC": pf["warp_specialize"]}
+          "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
+          "WARP_SPEC": pf["warp_specialize"]}
     aligned = ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot",
                "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
     try:
@@ -248,7 +249,8 @@ def attention_copies_stay_in_flight(target, attn: dict, pf: dict, dec: dict, dec
     name = "attention key loops: K/V copies stay in flight (page ids one tile ahead)"
     attn_cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
                "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False,
-               "F32": False, "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"], "WARP_SPEC": pf["warp_specialize"], "PDL": 1}
+               "F32": False, "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
+               "WARP_SPEC": pf["warp_specialize"], "PDL": 1}
     # Aligned as Triton specializes the real launches (16-byte pointers and strides):
     # otherwise the loads are not vectorized and there is no cp.async to look at.
     cases = [(ta._prefill_kernel, attn, attn_cx, pf, ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr",

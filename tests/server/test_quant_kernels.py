@@ -123,21 +123,17 @@ def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
         assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, group, b), ref) <= 1e-5
 
 
-@pytest.mark.parametrize("cols,prefetch", [(2, False), (4, False), (1, True)])
 @pytest.mark.parametrize("xvec", [False, True])
 @pytest.mark.parametrize("k,group,zeros", [(200, 32, True), (256, 128, False)])
-def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, prefetch, xvec, k, group, zeros,
-                                                 monkeypatch):
-    """`gemv_cols`: a program's column tiles share each K tile's activations; every
-    column still sums the same products in the same order, so the bits of one tile a
-    program, with N not a multiple of the program's span (tiles past N), one split and
-    many, split-K summed in the kernel or after, a bias or none. The launches are
-    recorded: one arrival counter per column tile. `gemv_prefetch` (the next K tile's
-    words loaded a step ahead, past the split's end too) is the same arithmetic."""
+def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeypatch):
+    """`gemv_prefetch` (the next K tile's words loaded a step ahead, past the split's end
+    too) is the plain loop's arithmetic: the same bits with N not a multiple of the
+    tile, one split and many, split-K summed in the kernel or after, a bias or none.
+    The launches are recorded, so the GEMV path is the one compared."""
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     m, n = 2, 40
-    x, qw, s, z, b = int4_case(m, k, n, group, zeros, torch.bfloat16, seed=k + cols)
+    x, qw, s, z, b = int4_case(m, k, n, group, zeros, torch.bfloat16, seed=k + group)
     launches = []
     outputs = triton_quant._outputs
 
@@ -152,12 +148,11 @@ def test_w4_gemv_column_tiles_are_one_tiles_bits(cols, prefetch, xvec, k, group,
             monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
             for bias in (b, None):
                 got = []
-                for c, pf in ((1, False), (cols, prefetch)):
-                    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_cols", c)
-                    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", pf)
+                for prefetch in (False, True):
+                    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
                     launches.clear()
                     got.append(triton_quant.w4a16_linear(x, qw, s, z, group, bias))
-                    assert launches == [m * -(-n // (16 * c)) * c]
+                    assert launches == [m * -(-n // 16)]
                 assert torch.equal(got[0], got[1])
 
 
