@@ -6,16 +6,29 @@ chunked, its bytes so far) says so, before any parsing; an accepted body is hand
 the app as one message, after which `receive()` reaches the client again (the
 handlers watch it for a disconnect while they stream). A client that disconnects
 before its body is complete costs one debug line, not a traceback.
+
+A rejected body is drained, not abandoned: closing a socket that still holds unread
+request bytes makes the kernel answer with a TCP reset, and a client that was still
+uploading (most HTTP clients send the whole body before they read) then loses the 413
+it was sent and sees "connection reset" instead. So the 413 goes out at once, whole,
+and the connection stays open reading and discarding the rest of the body for up to
+`LINGER_S` (nginx's lingering close does the same) before it closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 
 from pagefleet.server.api.errors import error_body
 
 log = logging.getLogger("pagefleet.api")
+
+# How long a rejected upload may keep its connection while its remaining bytes are
+# read and dropped; a client slower than this gets the close (and maybe the reset).
+LINGER_S = 10.0
 
 
 class BodyLimitMiddleware:
@@ -23,7 +36,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _reject(self, send, scope) -> None:
+    async def _reject(self, send, scope, receive, body_done: bool) -> None:
         msg = (f"the request body is larger than the server accepts "
                f"(--max-request-body-bytes {self.max_bytes})")
         log.info("request %s: 413 %s", scope.get("state", {}).get("request_id", "-"), msg)
@@ -32,7 +45,10 @@ class BodyLimitMiddleware:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        if not body_done and not _expects_continue(scope):
+            await _drain(receive)
+        await send({"type": "http.response.body", "body": b""})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -41,7 +57,7 @@ class BodyLimitMiddleware:
             if name == b"content-length":
                 try:
                     if int(value) > self.max_bytes:
-                        return await self._reject(send, scope)
+                        return await self._reject(send, scope, receive, body_done=False)
                 except ValueError:
                     pass
                 break
@@ -56,7 +72,8 @@ class BodyLimitMiddleware:
             part = msg.get("body", b"")
             size += len(part)
             if size > self.max_bytes:
-                return await self._reject(send, scope)
+                return await self._reject(send, scope, receive,
+                                          body_done=not msg.get("more_body", False))
             chunks.append(part)
             if not msg.get("more_body", False):
                 break
@@ -71,3 +88,22 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _expects_continue(scope) -> bool:
+    """A client that sent `Expect: 100-continue` waits for our go before it uploads;
+    reading would invite the body we are refusing."""
+    return any(n == b"expect" and v.lower() == b"100-continue" for n, v in scope["headers"])
+
+
+async def _drain(receive) -> None:
+    """Read and drop the rest of a refused body until it ends, the client leaves or
+    `LINGER_S` passes."""
+    deadline = time.monotonic() + LINGER_S
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await asyncio.wait_for(receive(), left)
+            if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+                return
+    except asyncio.TimeoutError:
+        log.debug("a refused upload was still sending after %.0f s; closing", LINGER_S)

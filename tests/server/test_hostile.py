@@ -13,6 +13,7 @@ import socket
 import httpx
 import pytest
 
+from pagefleet.server.api import body_limit
 from tests.server.helpers_serve import SubprocessServer, ThreadServer, metric, wait_for
 
 FAULTS = "add:fx-add,prepare:fx-prep,finish:fx-fin,stall:fx-stall"
@@ -166,6 +167,61 @@ def test_a_large_body_never_blocks_the_event_loop(srv):
                       headers={"content-type": "application/json"}, timeout=120)
     assert huge.status_code == 413 and huge.json()["error"]["code"] == 413
     wait_for(lambda: idle(srv), 120, what="idle")
+
+
+def _upload(port: int, megabytes: int, chunked: bool) -> tuple[bytes, OSError | None]:
+    """Send a request as most HTTP clients do (the whole body, then read the reply);
+    return every byte the server sent before it closed, and the error (if any) that
+    cut the upload short."""
+    mb = b" " * (1 << 20)
+    frame = b"100000\r\n" + mb + b"\r\n" if chunked else mb
+    length = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % (megabytes << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n" + length + b"\r\n\r\n")
+        cut = None
+        try:
+            for _ in range(megabytes):
+                sock.sendall(frame)
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        except OSError as e:
+            cut = e
+        data = b""
+        while part := sock.recv(1 << 16):
+            data += part
+    return data, cut
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_refused_upload_still_reads_its_413(srv, chunked):
+    """The 413 reaches a client that is still uploading: the server reads and drops the
+    rest of the body instead of closing on unread bytes, for a declared length and for a
+    chunked body alike. Closing on unread bytes makes the kernel reset the connection,
+    and a reset drops whatever of the reply had not left the server yet: on a loaded
+    machine that is the 413's body ("peer closed connection without sending complete
+    message body"). So the upload must end without a reset, and the reply be whole."""
+    for _ in range(3):
+        data, cut = _upload(srv.port, 40, chunked)
+        assert cut is None, f"the server reset the upload it had refused: {cut!r}"
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), data[:300]
+        assert json.loads(body)["error"]["code"] == 413
+    assert post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_refused_upload_that_awaits_100_continue_is_not_waited_for(srv, monkeypatch):
+    """A client sending `Expect: 100-continue` gets the 413 and the close at once: it
+    will never send the body, so the server must not linger for it (with the linger
+    made longer than this socket's timeout, waiting would fail the test)."""
+    monkeypatch.setattr(body_limit, "LINGER_S", 600.0)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (40 << 20))
+        data = b""
+        while part := sock.recv(1 << 16):
+            data += part
+    assert data.startswith(b"HTTP/1.1 413") and b"100 Continue" not in data, data[:400]
 
 
 MALFORMED = [
