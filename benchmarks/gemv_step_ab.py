@@ -8,7 +8,13 @@ step's 112 GEMVs (the down projections with SiLU-and-mul as the engine runs them
 one CUDA graph with the process's PDL mode, and times its replay for each variant of
 FP8_CONFIG / W4_CONFIG below. Each variant's output is compared with the first one's:
 variants that move loads or where the K splits are summed give the same bits; tiles,
-accumulator chunks and split counts sum in another order.
+accumulator chunks and split counts sum in another order. A variant's "module" key
+times another version of server/ops/triton_quant.py (its own configs, loaded beside
+the current one), so a change to the kernels' code is timed against the code before it
+on the same machine:
+
+    git show HEAD~1:server/ops/triton_quant.py > .ab/tq_before.py     # .ab/ carried
+    GEMV_VARIANTS='[{"module": ".ab/tq_before.py"}, {}, ...]' OUT=$OUT python3 ...
 
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
                                                            # ("best": the fastest variants)
@@ -16,6 +22,7 @@ accumulator chunks and split counts sum in another order.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -93,6 +100,19 @@ def _step(fmt, tq, layers, xs):
     return outs
 
 
+def _kernels(var: dict, tq, loaded: dict):
+    """The kernels module a variant times: `tq`, or the file its "module" names."""
+    path = var.get("module")
+    if not path:
+        return tq
+    if path not in loaded:
+        name = f"pagefleet.server.ops._gemv_ab{len(loaded)}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        loaded[path] = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded[path])
+    return loaded[path]
+
+
 def main() -> None:
     import torch
 
@@ -106,36 +126,41 @@ def main() -> None:
           for name, (n, k) in SHAPES.items()}
     xs["gate_up2"] = torch.randn(1, 2 * SHAPES["down"][1], device="cuda", dtype=torch.bfloat16)
     rows = []
+    loaded: dict = {}
     for fmt in fmts:
-        cfg = tq.FP8_CONFIG if fmt == "fp8" else tq.W4_CONFIG
         layers = _fp8_layers(torch, quant) if fmt == "fp8" else _w4_layers(torch)
         per_layer = sum(n * k for n, k in SHAPES.values())
         nbytes = LAYERS * per_layer * (1 if fmt == "fp8" else 0.5 + 3 / 128)
-        base = dict(cfg)
         ref = None
         variants = VARIANTS[fmt]
         if os.environ.get("GEMV_VARIANTS"):   # a JSON list of config dicts, in timing order
             variants = json.loads(os.environ["GEMV_VARIANTS"])
         for var in variants:
-            cfg.update(var)
             row = {"format": fmt, "variant": var or "shipped"}
+            cfg, base = {}, {}
             try:
-                out = _step(fmt, tq, layers, xs)          # compiles, allocates counters
+                mod = _kernels(var, tq, loaded)
+                cfg = mod.FP8_CONFIG if fmt == "fp8" else mod.W4_CONFIG
+                base = dict(cfg)
+                cfg.update({k: v for k, v in var.items() if k != "module"})
+                out = _step(fmt, mod, layers, xs)          # compiles, allocates counters
                 torch.cuda.synchronize()
                 ref = ref or out
                 row["bit_identical"] = all(torch.equal(a, b) for a, b in zip(out, ref))
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
-                    _step(fmt, tq, layers, xs)
+                    _step(fmt, mod, layers, xs)
                 row["step_gemv_ms"] = median_ms(g.replay, n=30)
                 row["TBps"] = nbytes / (row["step_gemv_ms"] / 1e3) / 1e12
                 del g
             except Exception as e:  # noqa: BLE001 - a variant that does not compile
                 row["error"] = repr(e)[:300]
-            cfg.clear()
-            cfg.update(base)
+            finally:
+                cfg.clear()
+                cfg.update(base)
             log(f"gemv step {row}")
             rows.append(row)
+            (out_dir / "gemv_step_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
         del layers
         torch.cuda.empty_cache()
     for r in rows:

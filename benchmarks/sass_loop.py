@@ -17,6 +17,14 @@ loading and converting the activations (LDG, PRMT, MOV, IMAD) once per 4 columns
 immediate (the mask carries the magic's bits; 7.6 before: ptxas loaded the second
 constant every time). Column tiles a program sharing each K tile's activations reached
 4.9 at four tiles but ran slower on the H200 (BENCHMARKS.md) and were removed.
+2026-12-03, later: the shipped loop (prefetch on) was 242 a step (7.6 a nibble): ~22
+of them a signed integer division for each tile's scale row (the group size was a
+runtime argument), ~20 int64 address arithmetic and masks, and 16 reloads of 2^23 into
+a register (ptxas folds the low half's AND + OR into each nibble's AND, which then needs
+the magic in a register: only the high half's nibbles take one immediate). With the
+group size compiled in, pointers advanced a tile a step and no masks where the tiles
+divide the shape: 188 (5.9), 32 registers against 40; `gemv_prmt` (the low half by
+one inline-PTX byte permute) 181, 40 registers.
 """
 
 from __future__ import annotations
@@ -94,15 +102,15 @@ def main() -> None:
             "b_ptr": "*bf16", "out_ptr": "*fp32"}
     cases = {
         # elements per thread per iteration: the tile over the program's threads
-        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_prefetch {pf})": (
+        f"w4a16 gemv (AWQ, group 128, gemv_xvec {xvec}, gemv_prefetch {pf}, gemv_prmt {prmt})": (
             tq._w4_gemv_kernel, int4,
-            {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-             "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec, "PREFETCH": pf, "SPLITS_PAD": 4,
-             "FUSED": True, "PDL": True},
+            {"GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False,
+             "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec,
+             "PREFETCH": pf, "PRMT": prmt, "SPLITS_PAD": 4, "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
-            ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "group_size", *sizes],
+            ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", *sizes],
             bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
-        for xvec in (False, True) for pf in (False, True)}
+        for xvec in (False, True) for pf in (False, True) for prmt in (False, True)}
     cases |= {
         f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,

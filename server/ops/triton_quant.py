@@ -14,10 +14,14 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   (contiguous along N; a tile spans several quantization groups, one scale row each),
   takes their 8 nibbles as above and multiplies them by the matching 8 activations,
   accumulating float32 partial sums; the zero point comes out of the loop
-  (`sum x (q - z) = sum x q - z sum x`) and each group's scale is applied once per tile. Split-K fills the GPU when N alone cannot (B =
-  1: 28 K splits of a 3584-column o_proj); splits go to a float32 buffer that the
-  tile's last program sums in split order (`_store_split`, arrival counters in
-  `triton_common`), or a second kernel after (`fused_reduce` off).
+  (`sum x (q - z) = sum x q - z sum x`) and each group's scale is applied once per
+  tile. The loop is kept lean, since at B=1 it issues about as many instructions as the
+  SMs retire while its bytes arrive: the group size is compiled in (a shift, not an
+  integer division per tile), pointers advance a tile a step, and where the tiles divide
+  N and K (every Qwen/Llama layer) the loads carry no masks. Split-K fills the GPU when
+  N alone cannot (B = 1: 28 K splits of a 3584-column o_proj); splits go to a float32
+  buffer that the tile's last program sums in split order (`_store_split`, arrival
+  counters in `triton_common`), or a second kernel after (`fused_reduce` off).
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
   dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
 - From `W4_CONFIG['dequant_min_m']` rows (prefill), `_w4_dequant_kernel` writes the
@@ -70,6 +74,16 @@ W4_CONFIG = {
     # tiles a program sharing each K tile's activations cut SASS to 4.9 a nibble but ran
     # slower, 2.71 ms at 4 tiles: the loop waits on its loads, not on issue; removed.)
     "gemv_prefetch": True,
+    # (2026-12-03, later: the group size compiled in, pointers advanced a tile a step and
+    # unmasked loads where the tiles divide the shape took the shipped loop from 242 to
+    # 188 SASS instructions a 32-nibble step and 40 to 32 registers, same bits; no GPU
+    # time was left to time it: gemv_step_ab.py's "module" variant times it against
+    # the code before.)
+    # The low half word ORed into 2^23's bits by one byte permute (inline PTX) instead of
+    # AND + OR, which ptxas folds into each nibble's AND with 2^23 reloaded every time:
+    # 181 against 188 SASS instructions a 32-nibble step, 40 registers against 32
+    # (sass_loop.py). Off until a GPU run shows the same bits and a gain (gemv_step_ab.py).
+    "gemv_prmt": False,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
@@ -265,10 +279,17 @@ def _nibble_times_16j(half, j: tl.constexpr):
 
 
 @triton.jit
-def _with_magic(words, HIGH: tl.constexpr):
-    """The low (or high) 16 bits of each word below the bits of the float 2^23."""
+def _with_magic(words, HIGH: tl.constexpr, PRMT: tl.constexpr):
+    """The low (or high) 16 bits of each word below the bits of the float 2^23. PRMT: the
+    low half by one byte permute (inline PTX; not under the interpreter): written as an
+    AND and an OR, ptxas folds it into each nibble's AND and then reloads 2^23 into a
+    register before every low nibble (4 extra instructions a word)."""
     if HIGH:
         return (words.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | MAGIC
+    if PRMT:
+        # bytes 0-1 of the word, bytes 2-3 of 0x4b000000
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4b000000, 0x7610;", "=r,r",
+                                         [words], dtype=tl.int32, is_pure=True, pack=1)
     return (words & 0xFFFF) | MAGIC
 
 
@@ -293,12 +314,12 @@ def _split8(xv, A: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
-def _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7):
+def _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7, PRMT: tl.constexpr):
     """`sum_i x_i q_i` over the 8 nibbles of each `[GPT, R, BLOCK_N]` word, with x_i the
     `[GPT, R]` activations of the word's row (x1..x3 and x5..x7 already divided by 16^j:
     `_nibble_times_16j` gives q * 16^j), summed in nibble order."""
-    lo = _with_magic(qw, False)
-    hi = _with_magic(qw, True)      # nibbles 4..7
+    lo = _with_magic(qw, False, PRMT)
+    hi = _with_magic(qw, True, PRMT)      # nibbles 4..7
     part = tl.zeros(qw.shape, dtype=tl.float32)
     part += x0[:, :, None] * _nibble_times_16j(lo, 0)
     part += x1[:, :, None] * _nibble_times_16j(lo, 1)
@@ -312,25 +333,32 @@ def _w4_words_dot(qw, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @triton.jit
-def _w4_words(qw_ptr, rows, r_mask, offs_n, N):
-    """The `[GPT, R, BLOCK_N]` words of word rows `rows` and columns `offs_n` (0 outside)."""
-    return tl.load(qw_ptr + rows.to(tl.int64)[:, :, None] * N + offs_n[None, None, :],
-                   mask=r_mask[:, :, None] & (offs_n < N)[None, None, :], other=0)
+def _ld(ptrs, mask, other, EVEN: tl.constexpr):
+    """`tl.load`, without the mask where the tiles divide the shape (EVEN)."""
+    if EVEN:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=mask, other=other)
+    return v
 
 
 @triton.jit(do_not_specialize=["splits"])
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
-                    stride_xm, stride_os, stride_om, group_size, k_per_split, splits,
+                    stride_xm, stride_os, stride_om, k_per_split, splits,
+                    GROUP: tl.constexpr, EVEN: tl.constexpr,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    PREFETCH: tl.constexpr, SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PREFETCH: tl.constexpr, PRMT: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                    FUSED: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
     activations of a word row come in one vector load instead of 8 scalar ones.
     PREFETCH: the next K tile's words are loaded before this tile's are multiplied, so
-    a load stays in flight while the thread computes."""
+    a load stays in flight while the thread computes. GROUP (the quantization group, a
+    compile-time constant) makes each tile's scale row a shift instead of a signed
+    integer division (~20 SASS instructions a tile); EVEN (N a multiple of BLOCK_N, K of
+    BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -344,47 +372,55 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
+    # Pointers advanced a tile each step (not recomputed from the row: int64 multiplies)
+    w_tile = qw_ptr + (k_start // 8 + local).to(tl.int64)[:, :, None] * N + offs_n[None, None, :]
+    w_step = (BLOCK_K // 8) * N
+    x_tile = x_row + k_start + local * 8                          # [GPT, R]
     if PREFETCH:
-        rows_next = k_start // 8 + local
-        qw_next = _w4_words(qw_ptr, rows_next, rows_next * 8 < k_end, offs_n, N)
+        rows = k_start // 8 + local
+        qw_next = _ld(w_tile, (rows * 8 < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
     for k0 in range(k_start, k_end, BLOCK_K):
         rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
         if PREFETCH:
             qw = qw_next
-            rows_next = rows + BLOCK_K // 8
-            qw_next = _w4_words(qw_ptr, rows_next, rows_next * 8 < k_end, offs_n, N)
+            # The last tile reloads itself rather than read past the split (unmasked: EVEN)
+            ahead = tl.where(k0 + BLOCK_K < k_end, w_step, 0)
+            nxt = (rows * 8 + BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :]
+            qw_next = _ld(w_tile + ahead, nxt, 0, EVEN)
         else:
-            qw = _w4_words(qw_ptr, rows, r_mask, offs_n, N)
+            qw = _ld(w_tile, r_mask[:, :, None] & n_mask[None, None, :], 0, EVEN)
+        w_tile += w_step
         g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
         g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
-        g_off = (g_k // group_size)[:, None] * N + offs_n[None, :]
-        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
+        g_off = (g_k // GROUP)[:, None] * N + offs_n[None, :]
+        s = _ld(s_ptr + g_off, g_mask, 0.0, EVEN).to(tl.float32)
         if XVEC:
             # The 8 activations of each word row in one 16-byte load, split in registers.
-            xv = tl.load(x_row + rows[:, :, None] * 8 + tl.arange(0, 8)[None, None, :],
-                         mask=r_mask[:, :, None], other=0.0).to(tl.float32)
+            xv = _ld(x_tile[:, :, None] + tl.arange(0, 8)[None, None, :],
+                     r_mask[:, :, None], 0.0, EVEN).to(tl.float32)
             xs = tl.sum(xv, axis=2)
             x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xv, GPT, R)
         else:
-            x0 = tl.load(x_row + rows * 8, mask=r_mask, other=0.0).to(tl.float32)
-            x1 = tl.load(x_row + rows * 8 + 1, mask=r_mask, other=0.0).to(tl.float32)
-            x2 = tl.load(x_row + rows * 8 + 2, mask=r_mask, other=0.0).to(tl.float32)
-            x3 = tl.load(x_row + rows * 8 + 3, mask=r_mask, other=0.0).to(tl.float32)
-            x4 = tl.load(x_row + rows * 8 + 4, mask=r_mask, other=0.0).to(tl.float32)
-            x5 = tl.load(x_row + rows * 8 + 5, mask=r_mask, other=0.0).to(tl.float32)
-            x6 = tl.load(x_row + rows * 8 + 6, mask=r_mask, other=0.0).to(tl.float32)
-            x7 = tl.load(x_row + rows * 8 + 7, mask=r_mask, other=0.0).to(tl.float32)
+            x0 = _ld(x_tile, r_mask, 0.0, EVEN).to(tl.float32)
+            x1 = _ld(x_tile + 1, r_mask, 0.0, EVEN).to(tl.float32)
+            x2 = _ld(x_tile + 2, r_mask, 0.0, EVEN).to(tl.float32)
+            x3 = _ld(x_tile + 3, r_mask, 0.0, EVEN).to(tl.float32)
+            x4 = _ld(x_tile + 4, r_mask, 0.0, EVEN).to(tl.float32)
+            x5 = _ld(x_tile + 5, r_mask, 0.0, EVEN).to(tl.float32)
+            x6 = _ld(x_tile + 6, r_mask, 0.0, EVEN).to(tl.float32)
+            x7 = _ld(x_tile + 7, r_mask, 0.0, EVEN).to(tl.float32)
             xs = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+        x_tile += BLOCK_K
         # Nibble j of a half word comes out as q * 16^j: its activation divided by 16^j
         # (a power of two: exact).
         part = _w4_words_dot(qw, x0, x1 * (1.0 / 16.0), x2 * (1.0 / 256.0),
                              x3 * (1.0 / 4096.0), x4, x5 * (1.0 / 16.0), x6 * (1.0 / 256.0),
-                             x7 * (1.0 / 4096.0))
+                             x7 * (1.0 / 4096.0), PRMT)
         # The zero point out of the loop (`sum x (q - z) = sum x q - z sum x`), the
         # group's scale once.
         if HAS_ZERO:
-            z = tl.load(z_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
+            z = _ld(z_ptr + g_off, g_mask, 0, EVEN).to(tl.float32)
             acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
         else:
             acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
@@ -495,10 +531,11 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
         _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
-            o.part.stride(0), o.part.stride(1), group_size, per, splits,
+            o.part.stride(0), o.part.stride(1), per, splits,
+            GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
             GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=bool(cfg["gemv_prefetch"]),
-            SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
+            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]

@@ -20,7 +20,11 @@ from pagefleet.server.ops import triton_rotary as tr
 
 def signature(fn, ptrs: dict[str, str], constexprs: dict) -> dict[str, str]:
     """Arguments typed by name (`ptrs`), constexprs as such, other pointers float32,
-    every other argument an i32."""
+    every other argument an i32. A constexpr the kernel declares but `constexprs` lacks
+    is an error: typed i32 it would compile as a runtime branch, not the shipped code."""
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    if missing:
+        raise ValueError(f"{fn.__name__}: constexprs {missing} not given")
     return {a: ("constexpr" if a in constexprs else ptrs.get(a) or (
                 "*fp32" if a.endswith("_ptr") else "i32")) for a in fn.arg_names}
 
@@ -50,29 +54,33 @@ def main() -> int:
     dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
               "BLOCK_N": dc["block_n"], "FP8": False, "F32": False,
               "PAGE_AHEAD": dc["page_ahead"], "FUSED": False, "SPLITS_PAD": 1}
+    g128 = {"GROUP": 128, "EVEN": True}   # the group size, and tiles that divide the shape
     cases = [
-        ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+        ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "PREFETCH": w4["gemv_prefetch"], **one},
+         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **one},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv, vector activation loads", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+        ("w4 gemv, vector activation loads", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True,
-         "PREFETCH": w4["gemv_prefetch"], **fused},
+         "PREFETCH": w4["gemv_prefetch"], "PRMT": not w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv, words not prefetched", tq._w4_gemv_kernel, int4, {"HAS_ZERO": True,
+        ("w4 gemv, words not prefetched, ragged", tq._w4_gemv_kernel, int4, {
+         "GROUP": 128, "EVEN": False, "HAS_ZERO": True,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "PREFETCH": not w4["gemv_prefetch"], **fused},
+         "PREFETCH": not w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {"HAS_ZERO": False,
+        ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {
+         "GROUP": 4096, "EVEN": True, "HAS_ZERO": False,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"],
          "GPT": 1, "XVEC": w4["gemv_xvec"],
-         "PREFETCH": w4["gemv_prefetch"], **fused}, w4["gemv_warps"], w4["gemv_stages"]),
+         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **fused},
+         w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),
@@ -169,9 +177,9 @@ def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -
             f8["gemv_warps"], f8["gemv_stages"], ["x_ptr", "w_ptr", "K", "stride_xm",
                                                   "k_per_split"]),
         "w4": (tq._w4_gemv_kernel, int4, {
-            "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
+            "GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
             "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"],
-            "PREFETCH": w4["gemv_prefetch"], "SPLITS_PAD": 4,
+            "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "SPLITS_PAD": 4,
             "FUSED": True}, w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "N", "stride_xm", "k_per_split"]),
     }

@@ -156,6 +156,26 @@ def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeyp
                 assert torch.equal(got[0], got[1])
 
 
+@pytest.mark.parametrize("k,group,zeros", [(256, 64, True), (512, 128, False), (256, 256, True)])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_w4_gemv_unmasked_tiles_are_the_masked_bits(k, group, zeros, prefetch, monkeypatch):
+    """Where the tiles divide N and K the GEMV loads without masks (`EVEN`; the
+    prefetch's last tile reloads itself rather than read past the split): its columns
+    are the masked kernel's bits, taken from the same weights narrowed to a width the
+    tile does not divide (same tiles and splits), with one split and many."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_block_k", 128)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
+    x, qw, s, z, b = int4_case(2, k, 48, group, zeros, torch.bfloat16, seed=k + group)
+    narrow = [t[..., :40].contiguous() if t is not None else None for t in (qw, s, z, b)]
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        even = triton_quant.w4a16_linear(x, qw, s, z, group, b)
+        masked = triton_quant.w4a16_linear(x, narrow[0], narrow[1], narrow[2], group, narrow[3])
+        assert torch.equal(even[:, :40], masked)
+        assert rel_err(even.float(), quant.w4a16_linear(x, qw, s, z, group, b).float()) < 1e-2
+
+
 def test_w4a16_split_k_and_single_split_agree(monkeypatch):
     x, qw, s, z, b = int4_case(2, 256, 32, 32, True, torch.float32, 7)
     ref = quant.w4a16_linear(x, qw, s, z, 32, b)
