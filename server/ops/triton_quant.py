@@ -535,7 +535,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
             GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=bool(cfg["gemv_prefetch"]),
-            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
+            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, SPLITS_PAD=o.splits_pad,
+            FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]

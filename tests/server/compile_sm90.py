@@ -177,8 +177,8 @@ def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -
             f8["gemv_warps"], f8["gemv_stages"], ["x_ptr", "w_ptr", "K", "stride_xm",
                                                   "k_per_split"]),
         "w4": (tq._w4_gemv_kernel, int4, {
-            "GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
-            "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"],
+            "GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False,
+            "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"],
             "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "SPLITS_PAD": 4,
             "FUSED": True}, w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "N", "stride_xm", "k_per_split"]),
