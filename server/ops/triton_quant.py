@@ -24,6 +24,8 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   counters in `triton_common`), or a second kernel after (`fused_reduce` off).
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
   dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
+  `_w4_gemm_planes_kernel` (`gemm_planes`, off until timed) loads each word once instead
+  of once per K row, splits it into 8 nibble planes and joins them back into K order.
 - From `W4_CONFIG['dequant_min_m']` rows (prefill), `_w4_dequant_kernel` writes the
   whole `[K, N]` weight in the activation dtype once and cuBLAS multiplies: the
   dequantization is paid once per call instead of once per row tile.
@@ -85,6 +87,11 @@ W4_CONFIG = {
     # (sass_loop.py). Off until a GPU run shows the same bits and a gain (gemv_step_ab.py).
     "gemv_prmt": False,
     "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
+    # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
+    # sm_90 SASS at 16 rows 10.3 instructions a weight against 15.6, 69 registers against
+    # 109 (2026-12-03); not timed on a GPU yet (quant_bench.py sweeps it), so off.
+    "gemm_planes": False,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
     "programs_per_sm": 4,
@@ -470,6 +477,69 @@ def _w4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
 
 
 @triton.jit
+def _in_k_order(p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, R: tl.constexpr):
+    """`[BN, R]` nibble planes -> `[BN, 8R]` with column `8r + j` plane j's column r.
+    `tl.join` stacks on a new last axis, and flattening `[.., c, d, e]` reads it as
+    `4c + 2d + e` while the joins put plane `4e + 2d + c` there: hence the order below."""
+    a = tl.join(tl.join(p0, p4), tl.join(p2, p6))
+    b = tl.join(tl.join(p1, p5), tl.join(p3, p7))
+    return tl.reshape(tl.join(a, b), (BN, 8 * R))
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _w4_gemm_planes_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N,
+                           K, stride_xm, stride_os, stride_om, k_per_split, splits,
+                           GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+                           SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
+    """`_w4_gemm_kernel` with each word loaded once (not once per K row of the tile and
+    shifted per element: 15.6 SASS instructions a weight at 16 rows): a tile's
+    `[BLOCK_N, BLOCK_K / 8]` words give 8 nibble planes, dequantized and joined back into
+    K order. N sits on the MMA's wide side (`out^T = W^T x^T`), so 16 rows fill its
+    narrow one."""
+    pdl_wait(PDL)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    R: tl.constexpr = BLOCK_K // 8
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    offs_r = tl.arange(0, R)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        wt = tl.load(qw_ptr + rows.to(tl.int64)[None, :] * N + offs_n[:, None],
+                     mask=n_mask[:, None] & (rows * 8 < k_end)[None, :], other=0)
+        k = k0 + offs_k
+        xt = tl.load(x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + k[:, None],
+                     mask=(k < k_end)[:, None] & m_mask[None, :], other=0.0)
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if HAS_ZERO:
+            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)[:, None]
+        else:
+            z = tl.full((BLOCK_N, 1), 8.0, tl.float32)
+        w = _in_k_order((_q_minus_z(wt, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 4, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 8, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 12, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 16, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 20, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 24, z) * s).to(xt.dtype),
+                        (_q_minus_z(wt >> 28, z) * s).to(xt.dtype), BLOCK_N, R)
+        acc += _dot(w, xt, F32)
+    _store_split(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, pid_m * tl.num_programs(1) + pid_n,
+                 splits, pid_s, stride_os, offs_m.to(tl.int64)[None, :] * stride_om
+                 + offs_n[:, None], offs_n[:, None], n_mask[:, None] & m_mask[None, :],
+                 HAS_BIAS, SPLITS_PAD, FUSED)
+
+
+@triton.jit
 def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, R, group_size, HAS_ZERO: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """`[BLOCK_R, BLOCK_N]` words -> rows `8r + i` of the `[K, N]` weight (coalesced on N)."""
@@ -543,12 +613,20 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         splits, per = _splits(tiles, k, bk, x.device, cfg)
         o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-        _w4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
-            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
-            o.part.stride(0), o.part.stride(1), group_size, per, splits,
-            HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
-            num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"], **launch_opts())
+        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
+        common = dict(HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_M=bm,
+                      BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad,
+                      FUSED=o.fused, num_warps=cfg["gemm_warps"],
+                      num_stages=cfg["gemm_stages"], **launch_opts())
+        if cfg["gemm_planes"]:
+            _w4_gemm_planes_kernel[grid](
+                x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+                o.part.stride(0), o.part.stride(1), per, splits, GROUP=min(group_size, k),
+                **common)
+        else:
+            _w4_gemm_kernel[grid](
+                x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+                o.part.stride(0), o.part.stride(1), group_size, per, splits, **common)
     return o.result(splits, bias, x.dtype)
 
 

@@ -84,6 +84,10 @@ def main() -> int:
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),
+        ("w4 gemm, words once in nibble planes", tq._w4_gemm_planes_kernel, int4, {
+         "GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
+         "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
+         w4["gemm_warps"], w4["gemm_stages"]),
         ("w4 dequant", tq._w4_dequant_kernel, {**int4, "out_ptr": "*bf16"},
          {"HAS_ZERO": True, "BLOCK_R": w4["dequant_block_r"], "BLOCK_N": w4["dequant_block_n"]},
          4, 2),

@@ -72,13 +72,16 @@ W4_CASES = [
 # The GEMV runs one program row per input row: it is tested at small batches only.
 # "dequant": the whole weight dequantized by its kernel, then a plain matmul (prefill).
 @pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES
-                                       for p in ("gemv", "gemv_xvec", "gemm", "dequant")
+                                       for p in ("gemv", "gemv_xvec", "gemm", "gemm_planes",
+                                                 "dequant")
                                        if not p.startswith("gemv") or c[0] <= 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_w4a16(case, dtype, path, monkeypatch):
     m, k, n, group, zeros = case
     # gemv_xvec: the GEMV with each word row's 8 activations in one vector load
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", path == "gemv_xvec")
+    # gemm_planes: the tl.dot kernel with each word loaded once and split into nibble planes
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemm_planes", path == "gemm_planes")
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16 if path.startswith("gemv") else 0)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "dequant_min_m", 1 if path == "dequant" else 10 ** 9)
     x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m * 1000 + k + n)
@@ -176,10 +179,14 @@ def test_w4_gemv_unmasked_tiles_are_the_masked_bits(k, group, zeros, prefetch, m
         assert rel_err(even.float(), quant.w4a16_linear(x, qw, s, z, group, b).float()) < 1e-2
 
 
-def test_w4a16_split_k_and_single_split_agree(monkeypatch):
+@pytest.mark.parametrize("planes", [False, True])
+def test_w4a16_split_k_and_single_split_agree(planes, monkeypatch):
+    """Split-K (summed by the last program) against one split, GEMV and tl.dot paths
+    (`gemm_planes`: the word-once tl.dot kernel)."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemm_planes", planes)
     x, qw, s, z, b = int4_case(2, 256, 32, 32, True, torch.float32, 7)
     ref = quant.w4a16_linear(x, qw, s, z, 32, b)
-    for path in (16, 0):
+    for path in (0,) if planes else (16, 0):
         monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", path)
         for target in (1, 1000):
             monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
@@ -189,8 +196,8 @@ def test_w4a16_split_k_and_single_split_agree(monkeypatch):
             assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, 32, b), ref) <= 1e-5
 
 
-@pytest.mark.parametrize("path", ["w4_gemv", "w4_gemm", "fp8_gemv", "fp8_silu", "fp8_gemm",
-                                  "fp8_a8"])
+@pytest.mark.parametrize("path", ["w4_gemv", "w4_gemm", "w4_gemm_planes", "fp8_gemv",
+                                  "fp8_silu", "fp8_gemm", "fp8_a8"])
 def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, monkeypatch):
     """`fused_reduce`: each tile's last program sums the K splits (arrival counters)
     instead of `_splitk_reduce_kernel` after: the same bits over several output tiles
@@ -205,6 +212,7 @@ def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, mon
     m, k, n = (3, 400, 40) if path.endswith(("gemv", "silu")) else (20, 400, 40)
     if w4:
         monkeypatch.setitem(cfg, "dequant_min_m", 10 ** 9)
+        monkeypatch.setitem(cfg, "gemm_planes", path == "w4_gemm_planes")
         x, qw, s, z, b = int4_case(m, k, n, 32, True, torch.bfloat16, seed=11)
         run = lambda bias: triton_quant.w4a16_linear(x, qw, s, z, 32, bias)  # noqa: E731
     else:
