@@ -617,16 +617,17 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         common = dict(HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_M=bm,
                       BLOCK_N=bn, BLOCK_K=bk, F32=_INTERPRET, SPLITS_PAD=o.splits_pad,
                       FUSED=o.fused, num_warps=cfg["gemm_warps"],
-                      num_stages=cfg["gemm_stages"], **launch_opts())
+                      num_stages=cfg["gemm_stages"])
         if cfg["gemm_planes"]:
             _w4_gemm_planes_kernel[grid](
                 x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
                 o.part.stride(0), o.part.stride(1), per, splits, GROUP=min(group_size, k),
-                **common)
+                **common, **launch_opts())
         else:
             _w4_gemm_kernel[grid](
                 x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
-                o.part.stride(0), o.part.stride(1), group_size, per, splits, **common)
+                o.part.stride(0), o.part.stride(1), group_size, per, splits, **common,
+                **launch_opts())
     return o.result(splits, bias, x.dtype)
 
 
