@@ -49,7 +49,7 @@ VARIANTS = {
     # all of them; since removed) cut SASS a nibble from 7.1 to 4.9 at 4 tiles but ran
     # slower (2.71 against 2.25 ms: 80 registers, fewer K iterations a program): the loop
     # waits on its loads, not on issue. So the next K tile's words loaded a step ahead
-    # (`gemv_prefetch`, 48 registers at 16 x 256; shipped since: 2.22 against 2.62 ms on
+    # (`gemv_prefetch`, 40 registers at 16 x 256; shipped since: 2.22 against 2.62 ms on
     # one machine), and the tiles and split targets around it.
     "w4": [{}, {"gemv_prefetch": False}, {"gemv_programs_per_sm": 8},
            {"gemv_programs_per_sm": 16}, {"gemv_block_k": 512},

@@ -70,17 +70,18 @@ W4_CONFIG = {
     "gemv_xvec": False,
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
     # The next K tile's words loaded before this one's are multiplied, so a load stays
-    # in flight while the thread computes: same bits, 48 registers. H200,
+    # in flight while the thread computes: same bits, 40 registers (compile_sm90's
+    # ptxas check). H200,
     # 2026-12-03 (one machine): a step's GEMVs 2.22 against 2.62 ms (gemv_step_ab.py, in
     # either order), the engine's AWQ B=1 step 2.97 against 3.13 ms. (Several column
     # tiles a program sharing each K tile's activations cut SASS to 4.9 a nibble but ran
     # slower, 2.71 ms at 4 tiles: the loop waits on its loads, not on issue; removed.)
     "gemv_prefetch": True,
-    # (2026-12-03, later: the group size compiled in, pointers advanced a tile a step and
-    # unmasked loads where the tiles divide the shape took the shipped loop from 242 to
-    # 188 SASS instructions a 32-nibble step and 40 to 32 registers, same bits; no GPU
-    # time was left to time it: gemv_step_ab.py's "module" variant times it against
-    # the code before.)
+    # 2026-12-03, later, not a switch: the group size compiled in, pointers advanced a
+    # tile a step and unmasked loads where the tiles divide the shape took the shipped
+    # loop from 242 to 188 SASS instructions a 32-nibble step and 40 to 32 registers,
+    # same bits; untimed (no GPU time): gemv_step_ab.py's "module" variant times it
+    # against the code before.
     # The low half word ORed into 2^23's bits by one byte permute (inline PTX) instead of
     # AND + OR, which ptxas folds into each nibble's AND with 2^23 reloaded every time:
     # 181 against 188 SASS instructions a 32-nibble step, 40 registers against 32
