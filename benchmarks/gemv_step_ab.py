@@ -18,6 +18,10 @@ on the same machine:
 
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
                                                            # ("best": the fastest variants)
+
+GEMV_SHAPES=1 also times each shape's 28 GEMVs in a graph of their own, beside a kernel
+that only reads the same bytes in the same graph layout (`read floor`): the step's time
+split by layer shape, and how far each shape is from streaming its bytes.
 """
 
 from __future__ import annotations
@@ -100,6 +104,63 @@ def _step(fmt, tq, layers, xs):
     return outs
 
 
+def _read_floor_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read(src, out, n, BLOCK: tl.constexpr):
+        # Each program sums a stride of BLOCK-word chunks and writes one word: reads every
+        # byte once, writes almost nothing.
+        pid = tl.program_id(0)
+        acc = tl.zeros((BLOCK,), dtype=tl.int32)
+        for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(src + offs, mask=offs < n, other=0)
+        tl.store(out + pid, tl.sum(acc, axis=0))
+    return _read
+
+
+def _per_shape(fmt, mod, layers, xs, torch) -> dict:
+    """Each shape's 28 GEMVs in one graph, and a read of the same weights' bytes."""
+    res = {}
+    read = _read_floor_kernel()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.empty(sms * 8, device="cuda", dtype=torch.int32)
+    for name, (n, k) in SHAPES.items():
+        def gemvs():
+            for layer in layers:
+                if fmt == "fp8":
+                    w, ws = layer[name]
+                    mod.fp8_linear(xs[name], w, ws, (1, k))
+                else:
+                    qw, s, z = layer[name]
+                    mod.w4a16_linear(xs[name], qw, s, z, 128)
+
+        def reads():
+            for layer in layers:
+                w = layer[name][0].view(torch.int32).reshape(-1)
+                read[(sms * 8,)](w, sink, w.numel(), BLOCK=1024)
+        row = {}
+        for label, fn in (("gemv", gemvs), ("read", reads)):
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            row[f"{label}_us"] = median_ms(g.replay, n=30) * 1e3 / LAYERS
+            del g
+        wbytes = layers[0][name][0].numel() * layers[0][name][0].element_size()
+        row["weight_MB"] = wbytes / 1e6
+        row["gemv_TBps"] = wbytes / row["gemv_us"] / 1e6
+        row["read_TBps"] = wbytes / row["read_us"] / 1e6
+        res[name] = row
+        log(f"  {name:8s} {row['weight_MB']:6.1f} MB  gemv {row['gemv_us']:6.1f} us "
+            f"({row['gemv_TBps']:.2f} TB/s)  read {row['read_us']:6.1f} us "
+            f"({row['read_TBps']:.2f} TB/s)")
+    return res
+
+
 def _kernels(var: dict, tq, loaded: dict):
     """The kernels module a variant times: `tq`, or the file its "module" names."""
     path = var.get("module")
@@ -153,6 +214,8 @@ def main() -> None:
                 row["step_gemv_ms"] = median_ms(g.replay, n=30)
                 row["TBps"] = nbytes / (row["step_gemv_ms"] / 1e3) / 1e12
                 del g
+                if os.environ.get("GEMV_SHAPES"):
+                    row["per_shape"] = _per_shape(fmt, mod, layers, xs, torch)
             except Exception as e:  # noqa: BLE001 - a variant that does not compile
                 row["error"] = repr(e)[:300]
             finally:
