@@ -213,21 +213,27 @@ def phase_kernels(args) -> dict:
 
     w4_fn = lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"]))          # noqa: E731
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
+    # The shipped per-shape configs (gemv_wide / gemv_deep) first, then one config for
+    # every shape. One layer's weights timed over and over partly sit in L2: the
+    # per-shape picks were made by gemv_step_ab.py GEMV_SHAPES=1 (28 distinct layers).
+    shapes = dict(gemv_wide=tq.W4_CONFIG["gemv_wide"], gemv_deep=tq.W4_CONFIG["gemv_deep"])
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, gemv_programs_per_sm=pps,
-             gemv_xvec=xv, max_split=ms)
+             gemv_xvec=xv, max_split=ms, **(shapes if i == 0 else dict(gemv_wide={},
+                                                                        gemv_deep={})))
         # 16 x 256 at 12 programs an SM shipped (2026-12-02 night: 47 registers a thread
         # against 124 at 32 x 512, a step's GEMVs 2.53 against 2.75 ms, gemv_step_ab.py);
         # gemv_xvec: one vector load per word row's activations; max_split 1: narrower
         # tiles instead of split-K
-        for bn, bk, nw, pps, xv, ms in (
+        for i, (bn, bk, nw, pps, xv, ms) in enumerate((
             (16, 256, 4, 12, False, 32), (16, 256, 4, 8, False, 32), (32, 256, 4, 8, False, 32),
             (16, 512, 4, 8, False, 32), (32, 512, 4, 4, False, 32), (64, 512, 4, 4, False, 32),
-            (16, 256, 4, 12, True, 32), (32, 512, 4, 4, True, 32), (16, 512, 4, 4, False, 1))],
+            (16, 256, 4, 12, True, 32), (32, 512, 4, 4, True, 32), (16, 512, 4, 4, False, 1)))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     # gemm_planes: each word loaded once and split into nibble planes, N on the MMA's
-    # wide side (10.3 against 15.6 SASS instructions a weight at 16 rows; untimed)
+    # wide side (10.3 against 15.6 SASS instructions a weight at 16 rows; 0.138 against
+    # 0.242 ms a layer at 16 rows on the H200, 2026-12-03: shipped)
     tuned_w4.update(sweep("w4 gemm", tq.W4_CONFIG, [
         dict(gemm_block_n=bn, gemm_block_k=bk, gemm_warps=nw, gemm_stages=st, gemm_planes=pl)
         for bn, bk, nw, st in ((128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3),

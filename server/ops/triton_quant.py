@@ -69,6 +69,19 @@ W4_CONFIG = {
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
+    # Per-shape overrides of the keys above, first match wins ({} switches one off).
+    # "wide": the output tiles alone (x rows) fill the split-K target, so nothing is split
+    # and a program is one tile's whole K: 2 warps a program, twice the programs resident
+    # (Qwen2.5-7B's gate_up: 33.1 against 37.6 us). "deep": K at least gemv_deep_ratio x
+    # N (down): 32-column tiles and a 16-an-SM split target (19.2 against 25.7 us). H200,
+    # 2026-12-03 (second session), gemv_step_ab.py GEMV_SHAPES=1 (each shape's 28 GEMVs
+    # in a graph of their own): a B=1 step's GEMVs 1.95-1.96 against 2.19-2.20 ms, the
+    # engine's AWQ B=1 step 2.58 against 2.75 ms (GPU; two machines). The small layers
+    # (qkv, o) ran faster alone at 8 programs an SM (7.7 / 6.9 against 10.0 / 8.1 us) but
+    # not in a whole step (1.99-2.00 against 1.95-1.96 ms), so they keep 12.
+    "gemv_wide": {"gemv_warps": 2, "gemv_programs_per_sm": 16},
+    "gemv_deep": {"gemv_block_n": 32, "gemv_programs_per_sm": 16},
+    "gemv_deep_ratio": 4,
     # The next K tile's words loaded before this one's are multiplied, so a load stays
     # in flight while the thread computes: same bits, 40 registers (compile_sm90's
     # ptxas check). H200,
@@ -80,19 +93,25 @@ W4_CONFIG = {
     # 2026-12-03, later, not a switch: the group size compiled in, pointers advanced a
     # tile a step and unmasked loads where the tiles divide the shape took the shipped
     # loop from 242 to 188 SASS instructions a 32-nibble step and 40 to 32 registers,
-    # same bits; untimed (no GPU time): gemv_step_ab.py's "module" variant times it
-    # against the code before.
+    # same bits. Timed on the H200 the next session (gemv_step_ab.py "module", one config
+    # for every shape): 2.19-2.20 against 2.15 ms for the code before, no faster. Fewer
+    # instructions did not help: the loop waits on its loads.
     # The low half word ORed into 2^23's bits by one byte permute (inline PTX) instead of
     # AND + OR, which ptxas folds into each nibble's AND with 2^23 reloaded every time:
     # 181 against 188 SASS instructions a 32-nibble step, 40 registers against 32
-    # (sass_loop.py). Off until a GPU run shows the same bits and a gain (gemv_step_ab.py).
+    # (sass_loop.py). H200, same session: the same bits; 2.12-2.14 against 2.19-2.20 ms
+    # with one config for every shape, 2.005-2.006 against 1.994-2.004 with the
+    # per-shape configs above: off.
     "gemv_prmt": False,
-    "gemm_block_n": 64, "gemm_block_k": 64, "gemm_warps": 4, "gemm_stages": 3,
+    "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
     # sm_90 SASS at 16 rows 10.3 instructions a weight against 15.6, 69 registers against
-    # 109 (2026-12-03); not timed on a GPU yet (quant_bench.py sweeps it), so off.
-    "gemm_planes": False,
+    # 109. H200, 2026-12-03 (second session), quant_bench.py's sweep at 16 rows (one
+    # Qwen2.5-7B layer's four shapes): 0.138 ms at 64 x 128 (4 stages) against 0.242 for
+    # the best tile of the other kernel (64 x 64); equal from 64 rows (the dequantize
+    # path). The engine's AWQ decode step at B=16 / 32: 5.07 / 5.33 against 7.90 / 8.54 ms.
+    "gemm_planes": True,
     "gemm_block_m": None,   # None: 16/32/64/128 by the number of rows
     "target_programs": None,  # None: programs_per_sm x multiprocessors (split-K below that)
     "programs_per_sm": 4,
@@ -154,6 +173,19 @@ def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict,
     want = max(1, min(_target(device, cfg, gemv) // max(tiles, 1), cfg["max_split"], k_tiles))
     per = triton.cdiv(k_tiles, want) * block_k
     return triton.cdiv(k, per), per
+
+
+def _gemv_shape_config(cfg: dict, m: int, n: int, k: int, device: torch.device) -> dict:
+    """`cfg` with the overrides of the GEMV shape class (m, n, k) falls in (W4_CONFIG's
+    gemv_wide / gemv_deep): one launch config cannot serve a 37,888-wide projection, whose
+    tiles alone fill the GPU, and an 18,944-deep one, which needs split-K, equally well.
+    Decided from the shape only, so a layer's bits never depend on what else runs."""
+    wide, deep = cfg.get("gemv_wide"), cfg.get("gemv_deep")
+    if wide and triton.cdiv(n, cfg["gemv_block_n"]) * m >= _target(device, cfg, gemv=True):
+        return {**cfg, **wide}
+    if deep and k >= cfg["gemv_deep_ratio"] * n:
+        return {**cfg, **deep}
+    return cfg
 
 
 def _block_m(m: int, cfg: dict) -> int:
@@ -587,6 +619,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     gemv = m <= cfg["gemv_max_m"]
     if gemv:
+        cfg = _gemv_shape_config(cfg, m, n, k, x.device)
         bk, gpt = _gemv_tile(cfg["gemv_block_k"], group_size, k)
     else:
         bk, gpt = _group_block(cfg["gemm_block_k"], group_size, k), 1

@@ -81,6 +81,15 @@ def main() -> int:
          "GPT": 1, "XVEC": w4["gemv_xvec"],
          "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
+    ] + [
+        (f"w4 gemv, {name} layers' config", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
+         "HAS_BIAS": False, "BLOCK_N": c["gemv_block_n"],
+         "BLOCK_K": tq._gemv_tile(c["gemv_block_k"], 128, 4096)[0],
+         "GPT": tq._gemv_tile(c["gemv_block_k"], 128, 4096)[1], "XVEC": c["gemv_xvec"],
+         "PREFETCH": c["gemv_prefetch"], "PRMT": c["gemv_prmt"], **one},
+         c["gemv_warps"], c["gemv_stages"])
+        for name, c in (("wide", {**w4, **w4["gemv_wide"]}), ("deep", {**w4, **w4["gemv_deep"]}))
+    ] + [
         ("w4 gemm", tq._w4_gemm_kernel, int4, {"HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),

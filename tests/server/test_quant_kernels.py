@@ -38,7 +38,8 @@ def small_tiles(monkeypatch):
     for cfg, keys in ((triton_quant.W4_CONFIG, {"gemv_block_n": 16, "gemv_block_k": 32,
                                                 "gemm_block_n": 16, "gemm_block_k": 32,
                                                 "target_programs": 8, "dequant_block_r": 4,
-                                                "dequant_block_n": 16}),
+                                                "dequant_block_n": 16, "gemv_wide": {},
+                                                "gemv_deep": {}}),
                       (triton_quant.FP8_CONFIG, {"gemv_block_n": 16, "gemv_block_k": 32,
                                                  "gemm_block_n": 16, "gemm_block_k": 32,
                                                  "w8a8_block_m": 16, "w8a8_block_n": 16,
@@ -177,6 +178,34 @@ def test_w4_gemv_unmasked_tiles_are_the_masked_bits(k, group, zeros, prefetch, m
         masked = triton_quant.w4a16_linear(x, narrow[0], narrow[1], narrow[2], group, narrow[3])
         assert torch.equal(even[:, :40], masked)
         assert rel_err(even.float(), quant.w4a16_linear(x, qw, s, z, group, b).float()) < 1e-2
+
+
+@pytest.mark.parametrize("m,k,n,tiles", [
+    (1, 64, 96, 12),    # wide: 6 tiles of 16 fill the target of 6 -> 8-column tiles
+    (2, 64, 48, 12),    # wide by its rows: 3 tiles x 2 rows
+    (1, 256, 40, 2),    # deep: K >= 4 N -> 32-column tiles
+    (1, 96, 40, 3),     # neither: the base 16-column tiles
+    (1, 512, 96, 12),   # wide and deep (512 >= 4 x 96): wide wins
+])
+def test_w4_gemv_launch_config_follows_the_layer_shape(m, k, n, tiles, monkeypatch):
+    """W4_CONFIG's gemv_wide / gemv_deep: the shape class picks the launch (the recorded
+    output tiles show which), and each class's output is the twin's."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 2)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", 6)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_wide", {"gemv_block_n": 8, "gemv_warps": 2})
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_deep", {"gemv_block_n": 32})
+    launches = []
+    outputs = triton_quant._outputs
+
+    def recorded(splits, m_, n_, tiles_, *args):
+        launches.append(tiles_)
+        return outputs(splits, m_, n_, tiles_, *args)
+
+    monkeypatch.setattr(triton_quant, "_outputs", recorded)
+    x, qw, s, z, b = int4_case(m, k, n, 32, True, torch.float32, seed=m + k + n)
+    out = triton_quant.w4a16_linear(x, qw, s, z, 32, b)
+    assert launches == [tiles]
+    assert rel_err(out, quant.w4a16_linear(x, qw, s, z, 32, b)) <= 1e-5
 
 
 @pytest.mark.parametrize("planes", [False, True])
