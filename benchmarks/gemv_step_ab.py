@@ -19,9 +19,10 @@ on the same machine:
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
                                                            # ("best": the fastest variants)
 
-GEMV_SHAPES=1 also times each shape's 28 GEMVs in a graph of their own, beside a kernel
-that only reads the same bytes in the same graph layout (`read floor`): the step's time
-split by layer shape, and how far each shape is from streaming its bytes.
+GEMV_M=2 times a B=2 step's GEMVs instead. GEMV_SHAPES=1 also times each shape's 28
+GEMVs in a graph of their own, beside a kernel that only reads the same bytes in the
+same graph layout (`read floor`): the step's time split by layer shape, and how far
+each shape is from streaming its bytes.
 """
 
 from __future__ import annotations
@@ -190,9 +191,11 @@ def main() -> None:
     out_dir = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    xs = {name: torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    batch = int(os.environ.get("GEMV_M", "1"))   # GEMV_M=2 times a B=2 step
+    xs = {name: torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
           for name, (n, k) in SHAPES.items()}
-    xs["gate_up2"] = torch.randn(1, 2 * SHAPES["down"][1], device="cuda", dtype=torch.bfloat16)
+    xs["gate_up2"] = torch.randn(batch, 2 * SHAPES["down"][1], device="cuda",
+                                 dtype=torch.bfloat16)
     rows = []
     loaded: dict = {}
     for fmt in fmts:

@@ -106,7 +106,8 @@ def main() -> None:
             tq._w4_gemv_kernel, int4,
             {"GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False,
              "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec,
-             "PREFETCH": pf, "PRMT": prmt, "SPLITS_PAD": 4, "FUSED": True, "PDL": True},
+             "PREFETCH": pf, "PRMT": prmt, "ROWS": w4["gemv_rows"], "SPLITS_PAD": 4,
+             "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", *sizes],
             bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))

@@ -103,6 +103,14 @@ W4_CONFIG = {
     # with one config for every shape, 2.005-2.006 against 1.994-2.004 with the
     # per-shape configs above: off.
     "gemv_prmt": False,
+    # Input rows a GEMV program serves from each word it loads (1 or 2; from 2 rows):
+    # with 1, a B=2 step reads every weight twice (2026-12-03: the engine's AWQ step
+    # 4.06 ms at B=2 against 2.58 at B=1). Not a per-shape key (the shape classes count
+    # program rows). Same bits per row as one row a program where the splits agree
+    # (tested). sm_90 SASS (sass_loop.py): 264 instructions a 32-nibble step for two rows
+    # against 187 for one (the nibbles decoded once), and one load of the words. Not
+    # timed on a GPU yet (the session that wrote it had no device time left), so off.
+    "gemv_rows": 1,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -382,14 +390,51 @@ def _ld(ptrs, mask, other, EVEN: tl.constexpr):
     return v
 
 
-@triton.jit(do_not_specialize=["splits"])
-def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
+@triton.jit
+def _w4_row_term(qw, x_tile, r_mask, s, z, EVEN: tl.constexpr, XVEC: tl.constexpr,
+                 PRMT: tl.constexpr, HAS_ZERO: tl.constexpr, GPT: tl.constexpr,
+                 R: tl.constexpr):
+    """One input row's `[GPT, R, BLOCK_N]` addend for one K tile of words `qw`: its
+    activations (at `x_tile`) times the nibbles, the zero point taken out of the loop
+    (`sum x (q - z) = sum x q - z sum x`) and the group's scale applied once. Two rows
+    of a program call it with the same words: the nibbles are decoded once (the compiler
+    shares the identical operations)."""
+    if XVEC:
+        # The 8 activations of each word row in one 16-byte load, split in registers.
+        xv = _ld(x_tile[:, :, None] + tl.arange(0, 8)[None, None, :],
+                 r_mask[:, :, None], 0.0, EVEN).to(tl.float32)
+        xs = tl.sum(xv, axis=2)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xv, GPT, R)
+    else:
+        x0 = _ld(x_tile, r_mask, 0.0, EVEN).to(tl.float32)
+        x1 = _ld(x_tile + 1, r_mask, 0.0, EVEN).to(tl.float32)
+        x2 = _ld(x_tile + 2, r_mask, 0.0, EVEN).to(tl.float32)
+        x3 = _ld(x_tile + 3, r_mask, 0.0, EVEN).to(tl.float32)
+        x4 = _ld(x_tile + 4, r_mask, 0.0, EVEN).to(tl.float32)
+        x5 = _ld(x_tile + 5, r_mask, 0.0, EVEN).to(tl.float32)
+        x6 = _ld(x_tile + 6, r_mask, 0.0, EVEN).to(tl.float32)
+        x7 = _ld(x_tile + 7, r_mask, 0.0, EVEN).to(tl.float32)
+        xs = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+    # Nibble j of a half word comes out as q * 16^j: its activation divided by 16^j
+    # (a power of two: exact).
+    part = _w4_words_dot(qw, x0, x1 * (1.0 / 16.0), x2 * (1.0 / 256.0),
+                         x3 * (1.0 / 4096.0), x4, x5 * (1.0 / 16.0), x6 * (1.0 / 256.0),
+                         x7 * (1.0 / 4096.0), PRMT)
+    if HAS_ZERO:
+        term = (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
+    else:
+        term = (part - 8.0 * xs[:, :, None]) * s[:, None, :]
+    return term
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
                     stride_xm, stride_os, stride_om, k_per_split, splits,
                     GROUP: tl.constexpr, EVEN: tl.constexpr,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    PREFETCH: tl.constexpr, PRMT: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                    FUSED: tl.constexpr, PDL: tl.constexpr):
+                    PREFETCH: tl.constexpr, PRMT: tl.constexpr, ROWS: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
@@ -398,17 +443,20 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     a load stays in flight while the thread computes. GROUP (the quantization group, a
     compile-time constant) makes each tile's scale row a shift instead of a signed
     integer division (~20 SASS instructions a tile); EVEN (N a multiple of BLOCK_N, K of
-    BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks."""
+    BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks. ROWS (1 or 2): input
+    rows a program serves from each word it loads (a second row past M is computed from
+    row M - 1 and not stored); each row's arithmetic is the one-row program's."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    m = tl.program_id(2)
+    m = tl.program_id(2) * ROWS
     R: tl.constexpr = BLOCK_K // 8 // GPT
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_g = tl.arange(0, GPT)
     local = offs_g[:, None] * R + tl.arange(0, R)[None, :]       # [GPT, R] word rows
     acc = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)          # row m + 1 (ROWS 2)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     x_row = x_ptr + m.to(tl.int64) * stride_xm
@@ -416,6 +464,7 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     w_tile = qw_ptr + (k_start // 8 + local).to(tl.int64)[:, :, None] * N + offs_n[None, None, :]
     w_step = (BLOCK_K // 8) * N
     x_tile = x_row + k_start + local * 8                          # [GPT, R]
+    x_next = tl.where(m + 1 < M, stride_xm, 0)                    # row m + 1, clamped
     if PREFETCH:
         rows = k_start // 8 + local
         qw_next = _ld(w_tile, (rows * 8 < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
@@ -435,39 +484,26 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
         g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
         g_off = (g_k // GROUP)[:, None] * N + offs_n[None, :]
         s = _ld(s_ptr + g_off, g_mask, 0.0, EVEN).to(tl.float32)
-        if XVEC:
-            # The 8 activations of each word row in one 16-byte load, split in registers.
-            xv = _ld(x_tile[:, :, None] + tl.arange(0, 8)[None, None, :],
-                     r_mask[:, :, None], 0.0, EVEN).to(tl.float32)
-            xs = tl.sum(xv, axis=2)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xv, GPT, R)
-        else:
-            x0 = _ld(x_tile, r_mask, 0.0, EVEN).to(tl.float32)
-            x1 = _ld(x_tile + 1, r_mask, 0.0, EVEN).to(tl.float32)
-            x2 = _ld(x_tile + 2, r_mask, 0.0, EVEN).to(tl.float32)
-            x3 = _ld(x_tile + 3, r_mask, 0.0, EVEN).to(tl.float32)
-            x4 = _ld(x_tile + 4, r_mask, 0.0, EVEN).to(tl.float32)
-            x5 = _ld(x_tile + 5, r_mask, 0.0, EVEN).to(tl.float32)
-            x6 = _ld(x_tile + 6, r_mask, 0.0, EVEN).to(tl.float32)
-            x7 = _ld(x_tile + 7, r_mask, 0.0, EVEN).to(tl.float32)
-            xs = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
-        x_tile += BLOCK_K
-        # Nibble j of a half word comes out as q * 16^j: its activation divided by 16^j
-        # (a power of two: exact).
-        part = _w4_words_dot(qw, x0, x1 * (1.0 / 16.0), x2 * (1.0 / 256.0),
-                             x3 * (1.0 / 4096.0), x4, x5 * (1.0 / 16.0), x6 * (1.0 / 256.0),
-                             x7 * (1.0 / 4096.0), PRMT)
-        # The zero point out of the loop (`sum x (q - z) = sum x q - z sum x`), the
-        # group's scale once.
         if HAS_ZERO:
             z = _ld(z_ptr + g_off, g_mask, 0, EVEN).to(tl.float32)
-            acc += (part - xs[:, :, None] * z[:, None, :]) * s[:, None, :]
         else:
-            acc += (part - 8.0 * xs[:, :, None]) * s[:, None, :]
+            z = s   # unused
+        acc += _w4_row_term(qw, x_tile, r_mask, s, z, EVEN, XVEC, PRMT, HAS_ZERO, GPT, R)
+        if ROWS == 2:
+            acc2 += _w4_row_term(qw, x_tile + x_next, r_mask, s, z, EVEN, XVEC, PRMT,
+                                 HAS_ZERO, GPT, R)
+        x_tile += BLOCK_K
     out = tl.sum(tl.sum(acc, axis=1), axis=0)
     _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
                  pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
                  HAS_BIAS, SPLITS_PAD, FUSED)
+    if ROWS == 2:
+        if m + 1 < M:
+            out2 = tl.sum(tl.sum(acc2, axis=1), axis=0)
+            _store_split(out2, out_ptr, res_ptr, cnt_ptr, b_ptr,
+                         (m + 1) * tl.num_programs(0) + pid_n, splits, pid_s, stride_os,
+                         (m + 1).to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
+                         HAS_BIAS, SPLITS_PAD, FUSED)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -619,7 +655,9 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     gemv = m <= cfg["gemv_max_m"]
     if gemv:
-        cfg = _gemv_shape_config(cfg, m, n, k, x.device)
+        rows = 2 if cfg["gemv_rows"] == 2 and m >= 2 else 1
+        row_programs = triton.cdiv(m, rows)
+        cfg = _gemv_shape_config(cfg, row_programs, n, k, x.device)
         bk, gpt = _gemv_tile(cfg["gemv_block_k"], group_size, k)
     else:
         bk, gpt = _group_block(cfg["gemm_block_k"], group_size, k), 1
@@ -630,17 +668,18 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     bp = bias if bias is not None else scales
     if gemv:
         bn = cfg["gemv_block_n"]
-        tiles = triton.cdiv(n, bn) * m
-        splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
+        tiles = triton.cdiv(n, bn) * m   # output tiles (one arrival counter each)
+        splits, per = _splits(triton.cdiv(n, bn) * row_programs, k, bk, x.device, cfg,
+                              gemv=True)
         o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
-            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
+        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, row_programs)](
+            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits,
             GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
             GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=bool(cfg["gemv_prefetch"]),
-            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, SPLITS_PAD=o.splits_pad,
-            FUSED=o.fused, num_warps=cfg["gemv_warps"],
+            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, ROWS=rows,
+            SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())
     else:
         bm, bn = _block_m(m, cfg), cfg["gemm_block_n"]

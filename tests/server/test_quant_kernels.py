@@ -180,6 +180,29 @@ def test_w4_gemv_unmasked_tiles_are_the_masked_bits(k, group, zeros, prefetch, m
         assert rel_err(even.float(), quant.w4a16_linear(x, qw, s, z, group, b).float()) < 1e-2
 
 
+@pytest.mark.parametrize("m", [2, 3, 5])
+@pytest.mark.parametrize("k,group,zeros", [(200, 32, True), (256, 128, False)])
+def test_w4_gemv_two_rows_a_program_are_one_rows_bits(m, k, group, zeros, monkeypatch):
+    """`gemv_rows` 2: a program serves two input rows from each word it loads (an odd
+    last row alone): every row is the one-row-a-program kernel's bits where both split K
+    alike (one split; as many as K has tiles), prefetched or not, split-K summed in the
+    kernel or after, and the twin's values."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
+    x, qw, s, z, b = int4_case(m, k, 40, group, zeros, torch.bfloat16, seed=m + k)
+    ref = quant.w4a16_linear(x.float(), qw, s, z, group, b.float())
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        for prefetch, fused in ((True, True), (False, False)):
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
+            got = []
+            for rows in (1, 2):
+                monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_rows", rows)
+                got.append(triton_quant.w4a16_linear(x, qw, s, z, group, b))
+            assert torch.equal(got[0], got[1])
+            assert rel_err(got[1], ref) <= TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("m,k,n,tiles", [
     (1, 64, 96, 12),    # wide: 6 tiles of 16 fill the target of 6 -> 8-column tiles
     (2, 64, 48, 12),    # wide by its rows: 3 tiles x 2 rows
