@@ -60,6 +60,20 @@ def int4_case(m, k, n, group, zeros, dtype, seed):
     return x, qw, s, z, b
 
 
+def record_launches(monkeypatch) -> list[int]:
+    """The output tiles (x rows) of each split-K launch from here on, in order: shows which
+    kernel path and tile width a call took."""
+    launches: list[int] = []
+    outputs = triton_quant._outputs
+
+    def recorded(splits, m, n, tiles, *args):
+        launches.append(tiles)
+        return outputs(splits, m, n, tiles, *args)
+
+    monkeypatch.setattr(triton_quant, "_outputs", recorded)
+    return launches
+
+
 W4_CASES = [
     # rows, K, N, group (K = one group per column), zeros
     (1, 64, 32, 32, True),
@@ -138,14 +152,7 @@ def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeyp
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     m, n = 2, 40
     x, qw, s, z, b = int4_case(m, k, n, group, zeros, torch.bfloat16, seed=k + group)
-    launches = []
-    outputs = triton_quant._outputs
-
-    def recorded(splits, m_, n_, tiles, *args):
-        launches.append(tiles)
-        return outputs(splits, m_, n_, tiles, *args)
-
-    monkeypatch.setattr(triton_quant, "_outputs", recorded)
+    launches = record_launches(monkeypatch)
     for target in (1, 1000):
         monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
         for fused in (False, True):
@@ -217,14 +224,7 @@ def test_w4_gemv_launch_config_follows_the_layer_shape(m, k, n, tiles, monkeypat
     monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", 6)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_wide", {"gemv_block_n": 8, "gemv_warps": 2})
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_deep", {"gemv_block_n": 32})
-    launches = []
-    outputs = triton_quant._outputs
-
-    def recorded(splits, m_, n_, tiles_, *args):
-        launches.append(tiles_)
-        return outputs(splits, m_, n_, tiles_, *args)
-
-    monkeypatch.setattr(triton_quant, "_outputs", recorded)
+    launches = record_launches(monkeypatch)
     x, qw, s, z, b = int4_case(m, k, n, 32, True, torch.float32, seed=m + k + n)
     out = triton_quant.w4a16_linear(x, qw, s, z, 32, b)
     assert launches == [tiles]
