@@ -183,13 +183,16 @@ def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict,
     return triton.cdiv(k, per), per
 
 
-def _gemv_shape_config(cfg: dict, m: int, n: int, k: int, device: torch.device) -> dict:
-    """`cfg` with the overrides of the GEMV shape class (m, n, k) falls in (W4_CONFIG's
-    gemv_wide / gemv_deep): one launch config cannot serve a 37,888-wide projection, whose
-    tiles alone fill the GPU, and an 18,944-deep one, which needs split-K, equally well.
-    Decided from the shape only, so a layer's bits never depend on what else runs."""
+def _gemv_shape_config(cfg: dict, row_programs: int, n: int, k: int,
+                       device: torch.device) -> dict:
+    """`cfg` with the overrides of the GEMV shape class an (N, K) layer falls in at
+    `row_programs` program rows (W4_CONFIG's gemv_wide / gemv_deep): one launch config
+    cannot serve a 37,888-wide projection, whose tiles alone fill the GPU, and an
+    18,944-deep one, which needs split-K, equally well. Decided from what the split
+    count already depends on (the shape and the rows), nothing measured at run time."""
     wide, deep = cfg.get("gemv_wide"), cfg.get("gemv_deep")
-    if wide and triton.cdiv(n, cfg["gemv_block_n"]) * m >= _target(device, cfg, gemv=True):
+    programs = triton.cdiv(n, cfg["gemv_block_n"]) * row_programs   # before any split
+    if wide and programs >= _target(device, cfg, gemv=True):
         return {**cfg, **wide}
     if deep and k >= cfg["gemv_deep_ratio"] * n:
         return {**cfg, **deep}
