@@ -213,22 +213,21 @@ def phase_kernels(args) -> dict:
 
     w4_fn = lambda W, x: (lambda: tq.w4a16_linear(x, *W["w4"]))          # noqa: E731
     fp8_fn = lambda W, x: (lambda: tq.fp8_linear(x, *W["fp8"]))           # noqa: E731
-    # The shipped per-shape configs (gemv_wide / gemv_deep) first, then one config for
-    # every shape. One layer's weights timed over and over partly sit in L2: the
-    # per-shape picks were made by gemv_step_ab.py GEMV_SHAPES=1 (28 distinct layers).
-    shapes = dict(gemv_wide=tq.W4_CONFIG["gemv_wide"], gemv_deep=tq.W4_CONFIG["gemv_deep"])
+    # The base config, which the per-shape overrides (gemv_wide / gemv_deep, kept) leave
+    # to the layers they do not cover. One layer's weights timed over and over partly
+    # sit in L2, so the overrides were picked by gemv_step_ab.py GEMV_SHAPES=1 (28
+    # distinct layers a shape), not here.
     tuned_w4 = sweep("w4 gemv", tq.W4_CONFIG, [
         dict(gemv_block_n=bn, gemv_block_k=bk, gemv_warps=nw, gemv_programs_per_sm=pps,
-             gemv_xvec=xv, max_split=ms, **(shapes if i == 0 else dict(gemv_wide={},
-                                                                        gemv_deep={})))
+             gemv_xvec=xv, max_split=ms)
         # 16 x 256 at 12 programs an SM shipped (2026-12-02 night: 47 registers a thread
         # against 124 at 32 x 512, a step's GEMVs 2.53 against 2.75 ms, gemv_step_ab.py);
         # gemv_xvec: one vector load per word row's activations; max_split 1: narrower
         # tiles instead of split-K
-        for i, (bn, bk, nw, pps, xv, ms) in enumerate((
+        for bn, bk, nw, pps, xv, ms in (
             (16, 256, 4, 12, False, 32), (16, 256, 4, 8, False, 32), (32, 256, 4, 8, False, 32),
             (16, 512, 4, 8, False, 32), (32, 512, 4, 4, False, 32), (64, 512, 4, 4, False, 32),
-            (16, 256, 4, 12, True, 32), (32, 512, 4, 4, True, 32), (16, 512, 4, 4, False, 1)))],
+            (16, 256, 4, 12, True, 32), (32, 512, 4, 4, True, 32), (16, 512, 4, 4, False, 1))],
         w4_fn, (1,))
     tq.W4_CONFIG.update(tuned_w4)
     # gemm_planes: each word loaded once and split into nibble planes, N on the MMA's
