@@ -27,6 +27,7 @@ each shape is from streaming its bytes.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -108,6 +109,7 @@ def _step(fmt, tq, layers, xs):
 _READ_US: dict = {}
 
 
+@functools.cache
 def _read_floor_kernel():
     import triton
     import triton.language as tl

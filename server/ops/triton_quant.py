@@ -671,11 +671,11 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     bp = bias if bias is not None else scales
     if gemv:
         bn = cfg["gemv_block_n"]
-        tiles = triton.cdiv(n, bn) * m   # output tiles (one arrival counter each)
-        splits, per = _splits(triton.cdiv(n, bn) * row_programs, k, bk, x.device, cfg,
-                              gemv=True)
-        o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-        _w4_gemv_kernel[(triton.cdiv(n, bn), splits, row_programs)](
+        n_tiles = triton.cdiv(n, bn)
+        splits, per = _splits(n_tiles * row_programs, k, bk, x.device, cfg, gemv=True)
+        # one arrival counter per output tile and row
+        o = _outputs(splits, m, n, n_tiles * m, x, x.dtype, bias, cfg)
+        _w4_gemv_kernel[(n_tiles, splits, row_programs)](
             x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits,
             GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,

@@ -197,15 +197,25 @@ def test_w4_gemv_two_rows_a_program_are_one_rows_bits(m, k, group, zeros, monkey
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     x, qw, s, z, b = int4_case(m, k, 40, group, zeros, torch.bfloat16, seed=m + k)
     ref = quant.w4a16_linear(x.float(), qw, s, z, group, b.float())
+    programs = []   # the programs each launch splits K for: 3 column tiles x program rows
+    splits = triton_quant._splits
+
+    def recorded(tiles, *args, **kwargs):
+        programs.append(tiles)
+        return splits(tiles, *args, **kwargs)
+
+    monkeypatch.setattr(triton_quant, "_splits", recorded)
     for target in (1, 1000):
         monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
         for prefetch, fused in ((True, True), (False, False)):
             monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
             monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
             got = []
+            programs.clear()
             for rows in (1, 2):
                 monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_rows", rows)
                 got.append(triton_quant.w4a16_linear(x, qw, s, z, group, b))
+            assert programs == [3 * m, 3 * -(-m // 2)]
             assert torch.equal(got[0], got[1])
             assert rel_err(got[1], ref) <= TOL[torch.bfloat16]
 
