@@ -430,6 +430,22 @@ def _w4_row_term(qw, x_tile, r_mask, s, z, EVEN: tl.constexpr, XVEC: tl.constexp
     return term
 
 
+@triton.jit
+def _w4_group_rows(s_ptr, z_ptr, k0, k_end, offs_g, offs_n, n_mask, N, GROUP: tl.constexpr,
+                   R: tl.constexpr, EVEN: tl.constexpr, HAS_ZERO: tl.constexpr):
+    """The float32 scales and zero points (`[GPT, BLOCK_N]`, one row per group slice) of
+    the K tile starting at row `k0` (zero points: the scales again without HAS_ZERO)."""
+    g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
+    g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
+    g_off = (g_k // GROUP)[:, None] * N + offs_n[None, :]
+    s = _ld(s_ptr + g_off, g_mask, 0.0, EVEN).to(tl.float32)
+    if HAS_ZERO:
+        z = _ld(z_ptr + g_off, g_mask, 0, EVEN).to(tl.float32)
+    else:
+        z = s   # unused
+    return s, z
+
+
 @triton.jit(do_not_specialize=["M", "splits"])
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
                     stride_xm, stride_os, stride_om, k_per_split, splits,
@@ -442,8 +458,10 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     words: a tile may span several quantization groups (one scale row per group slice),
     so a 128-row group no longer caps each load at `[16, BLOCK_N]` words. XVEC: the
     activations of a word row come in one vector load instead of 8 scalar ones.
-    PREFETCH: the next K tile's words are loaded before this tile's are multiplied, so
-    a load stays in flight while the thread computes. GROUP (the quantization group, a
+    PREFETCH 1: the next K tile's words are loaded before this tile's are multiplied, so
+    a load stays in flight while the thread computes; 2: its scales and zero points too
+    (else their load's latency is paid in every step); 3: as 2 with the words two tiles
+    ahead (twice the weight bytes in flight a thread). GROUP (the quantization group, a
     compile-time constant) makes each tile's scale row a shift instead of a signed
     integer division (~20 SASS instructions a tile); EVEN (N a multiple of BLOCK_N, K of
     BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks. ROWS (1 or 2): input
@@ -468,29 +486,42 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     w_step = (BLOCK_K // 8) * N
     x_tile = x_row + k_start + local * 8                          # [GPT, R]
     x_next = tl.where(m + 1 < M, stride_xm, 0)                    # row m + 1, clamped
-    if PREFETCH:
+    if PREFETCH >= 1:
         rows = k_start // 8 + local
         qw_next = _ld(w_tile, (rows * 8 < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
+    if PREFETCH >= 3:   # and the tile after it (itself again where the split has one tile)
+        qw_far = _ld(w_tile + tl.where(k_start + BLOCK_K < k_end, w_step, 0),
+                     (rows * 8 + BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
+    if PREFETCH >= 2:
+        s_next, z_next = _w4_group_rows(s_ptr, z_ptr, k_start, k_end, offs_g, offs_n, n_mask,
+                                        N, GROUP, R, EVEN, HAS_ZERO)
     for k0 in range(k_start, k_end, BLOCK_K):
         rows = k0 // 8 + local
         r_mask = rows * 8 < k_end
-        if PREFETCH:
+        # The last tile reloads itself rather than read past the split (unmasked: EVEN)
+        last = k0 + BLOCK_K >= k_end
+        if PREFETCH >= 3:
             qw = qw_next
-            # The last tile reloads itself rather than read past the split (unmasked: EVEN)
-            ahead = tl.where(k0 + BLOCK_K < k_end, w_step, 0)
+            qw_next = qw_far
+            # two tiles ahead, clamped to the split's last tile (never used past it)
+            far = tl.where(k0 + 2 * BLOCK_K < k_end, 2 * w_step, tl.where(last, 0, w_step))
+            nxt = (rows * 8 + 2 * BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :]
+            qw_far = _ld(w_tile + far, nxt, 0, EVEN)
+        elif PREFETCH >= 1:
+            qw = qw_next
             nxt = (rows * 8 + BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :]
-            qw_next = _ld(w_tile + ahead, nxt, 0, EVEN)
+            qw_next = _ld(w_tile + tl.where(last, 0, w_step), nxt, 0, EVEN)
         else:
             qw = _ld(w_tile, r_mask[:, :, None] & n_mask[None, None, :], 0, EVEN)
         w_tile += w_step
-        g_k = k0 + offs_g * (R * 8)                                 # first K row per slice
-        g_mask = (g_k < k_end)[:, None] & n_mask[None, :]
-        g_off = (g_k // GROUP)[:, None] * N + offs_n[None, :]
-        s = _ld(s_ptr + g_off, g_mask, 0.0, EVEN).to(tl.float32)
-        if HAS_ZERO:
-            z = _ld(z_ptr + g_off, g_mask, 0, EVEN).to(tl.float32)
+        if PREFETCH >= 2:
+            s, z = s_next, z_next
+            s_next, z_next = _w4_group_rows(s_ptr, z_ptr, tl.where(last, k0, k0 + BLOCK_K),
+                                            k_end, offs_g, offs_n, n_mask, N, GROUP, R, EVEN,
+                                            HAS_ZERO)
         else:
-            z = s   # unused
+            s, z = _w4_group_rows(s_ptr, z_ptr, k0, k_end, offs_g, offs_n, n_mask, N, GROUP,
+                                  R, EVEN, HAS_ZERO)
         acc += _w4_row_term(qw, x_tile, r_mask, s, z, EVEN, XVEC, PRMT, HAS_ZERO, GPT, R)
         if ROWS == 2:
             acc2 += _w4_row_term(qw, x_tile + x_next, r_mask, s, z, EVEN, XVEC, PRMT,
@@ -680,7 +711,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             o.part.stride(0), o.part.stride(1), per, splits,
             GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
-            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=bool(cfg["gemv_prefetch"]),
+            GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=int(cfg["gemv_prefetch"]),
             PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, ROWS=rows,
             SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())

@@ -144,8 +144,9 @@ def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
 @pytest.mark.parametrize("xvec", [False, True])
 @pytest.mark.parametrize("k,group,zeros", [(200, 32, True), (256, 128, False)])
 def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeypatch):
-    """`gemv_prefetch` (the next K tile's words loaded a step ahead, past the split's end
-    too) is the plain loop's arithmetic: the same bits with N not a multiple of the
+    """`gemv_prefetch` (1: the next K tile's words loaded a step ahead, past the split's
+    end too; 2: its scales and zero points as well; 3: the words two tiles ahead) is the
+    plain loop's arithmetic: the same bits with N not a multiple of the
     tile, one split and many, split-K summed in the kernel or after, a bias or none.
     The launches are recorded, so the GEMV path is the one compared."""
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
@@ -159,16 +160,16 @@ def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeyp
             monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
             for bias in (b, None):
                 got = []
-                for prefetch in (False, True):
+                for prefetch in (0, 1, 2, 3):
                     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
                     launches.clear()
                     got.append(triton_quant.w4a16_linear(x, qw, s, z, group, bias))
                     assert launches == [m * -(-n // 16)]
-                assert torch.equal(got[0], got[1])
+                assert all(torch.equal(got[0], g) for g in got[1:])
 
 
 @pytest.mark.parametrize("k,group,zeros", [(256, 64, True), (512, 128, False), (256, 256, True)])
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 2, 3])   # 2's words are 1's
 def test_w4_gemv_unmasked_tiles_are_the_masked_bits(k, group, zeros, prefetch, monkeypatch):
     """Where the tiles divide N and K the GEMV loads without masks (`EVEN`; the
     prefetch's last tile reloads itself rather than read past the split): its columns
@@ -207,7 +208,7 @@ def test_w4_gemv_two_rows_a_program_are_one_rows_bits(m, k, group, zeros, monkey
     monkeypatch.setattr(triton_quant, "_splits", recorded)
     for target in (1, 1000):
         monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
-        for prefetch, fused in ((True, True), (False, False)):
+        for prefetch, fused in ((3, True), (0, False)):
             monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_prefetch", prefetch)
             monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
             got = []
