@@ -146,9 +146,9 @@ def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
 def test_w4_gemv_prefetch_is_the_plain_loops_bits(xvec, k, group, zeros, monkeypatch):
     """`gemv_prefetch` (1: the next K tile's words loaded a step ahead, past the split's
     end too; 2: its scales and zero points as well; 3: the words two tiles ahead) is the
-    plain loop's arithmetic: the same bits with N not a multiple of the
-    tile, one split and many, split-K summed in the kernel or after, a bias or none.
-    The launches are recorded, so the GEMV path is the one compared."""
+    plain loop's arithmetic: the same bits with N not a multiple of the tile, one split
+    and many, split-K summed in the kernel or after, a bias or none. The launches are
+    recorded, so the GEMV path is the one compared."""
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
     monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
     m, n = 2, 40
