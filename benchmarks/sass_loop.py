@@ -106,12 +106,12 @@ def main() -> None:
             tq._w4_gemv_kernel, int4,
             {"GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False,
              "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": bk, "GPT": gpt, "XVEC": xvec,
-             "PREFETCH": pf, "PRMT": prmt, "ROWS": w4["gemv_rows"], "SPLITS_PAD": 4,
+             "PREFETCH": pf, "PRMT": prmt, "SPLITS_PAD": 4,
              "FUSED": True, "PDL": True},
             w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", *sizes],
             bk * w4["gemv_block_n"] / (32 * w4["gemv_warps"]))
-        for xvec in (False, True) for pf in (False, True) for prmt in (False, True)}
+        for xvec in (False, True) for pf in (0, 1, 2) for prmt in (False, True)}
     cases |= {
         f"fp8 w8a16 gemv (per-channel scales, prefetch {pf}, xb {xb})": (
             tq._fp8_gemv_kernel,

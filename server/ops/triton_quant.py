@@ -78,8 +78,13 @@ W4_CONFIG = {
     # in a graph of their own): a B=1 step's GEMVs 1.95-1.96 against 2.19-2.20 ms, the
     # engine's AWQ B=1 step 2.58 against 2.75 ms (GPU; two machines). The small layers
     # (qkv, o) ran faster alone at 8 programs an SM (7.7 / 6.9 against 10.0 / 8.1 us) but
-    # not in a whole step (1.99-2.00 against 1.95-1.96 ms), so they keep 12.
-    "gemv_wide": {"gemv_warps": 2, "gemv_programs_per_sm": 16},
+    # not in a whole step (1.99-2.00 against 1.95-1.96 ms), so they keep 12. Wide
+    # layers at 512-row tiles (four groups a tile; nothing is split, so no split target):
+    # 1.864-1.884 against 1.904-1.917 ms a step (gate_up 31.1-31.7 against 32.3-32.8
+    # us), 2026-12-03 (third session), two calls on one machine, with gemv_prefetch 2;
+    # 1,024-row tiles (41.8 us), 1 warp (40.8) and the deep layers at 512 rows (20.3-22.9
+    # against 18.6-18.9) ran slower.
+    "gemv_wide": {"gemv_warps": 2, "gemv_block_k": 512},
     "gemv_deep": {"gemv_block_n": 32, "gemv_programs_per_sm": 16},
     "gemv_deep_ratio": 4,
     # The next K tile's words loaded before this one's are multiplied, so a load stays
@@ -89,7 +94,16 @@ W4_CONFIG = {
     # either order), the engine's AWQ B=1 step 2.97 against 3.13 ms. (Several column
     # tiles a program sharing each K tile's activations cut SASS to 4.9 a nibble but ran
     # slower, 2.71 ms at 4 tiles: the loop waits on its loads, not on issue; removed.)
-    "gemv_prefetch": True,
+    # 2: the scales and zero points a tile ahead too (in the tile's own step sm_90 SASS
+    # used them ~30 instructions after their load: a memory latency every step). H200,
+    # 2026-12-03 (third session), gemv_step_ab.py GEMV_SHAPES=1, each variant twice in
+    # turn: a step's GEMVs 1.927-1.929 against 1.948-1.950 ms (qkv 9.0 against 10.0 us,
+    # the other shapes equal), same bits, 40 registers (48 at the wide and deep configs).
+    # The words two tiles ahead as well ran slower (2.05 ms; gate_up 35.5 against 32.3
+    # us, 68 registers at 2 warps); removed. So did the first tile's weights requested
+    # before the PDL wait, to overlap the kernel before (1.918-1.920 against 1.912-1.915
+    # ms, next call); removed.
+    "gemv_prefetch": 2,
     # 2026-12-03, later, not a switch: the group size compiled in, pointers advanced a
     # tile a step and unmasked loads where the tiles divide the shape took the shipped
     # loop from 242 to 188 SASS instructions a 32-nibble step and 40 to 32 registers,
@@ -103,14 +117,12 @@ W4_CONFIG = {
     # with one config for every shape, 2.005-2.006 against 1.994-2.004 with the
     # per-shape configs above: off.
     "gemv_prmt": False,
-    # Input rows a GEMV program serves from each word it loads (1 or 2; from 2 rows):
-    # with 1, a B=2 step reads every weight twice (2026-12-03: the engine's AWQ step
-    # 4.06 ms at B=2 against 2.58 at B=1). Not a per-shape key (the shape classes count
-    # program rows). Same bits per row as one row a program where the splits agree
-    # (tested). sm_90 SASS (sass_loop.py): 264 instructions a 32-nibble step for two rows
-    # against 187 for one (the nibbles decoded once), and one load of the words. Not
-    # timed on a GPU yet (the session that wrote it had no device time left), so off.
-    "gemv_rows": 1,
+    # (A program serving two input rows from each word it loads, so a B=2 step reads the
+    # weights once: H200, 2026-12-03 (third session), gemv_step_ab.py GEMV_M=2, a B=2
+    # step's GEMVs 3.41-3.42 against 3.27 ms for a program row per input row, 3.25-3.27
+    # with the words two tiles ahead; the engine's B=3/4 steps 6.1 against 4.9-5.0 ms
+    # through it instead of the tl.dot kernel. The second row's reads come from L2: not
+    # the cost. Removed.)
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -183,15 +195,14 @@ def _splits(tiles: int, k: int, block_k: int, device: torch.device, cfg: dict,
     return triton.cdiv(k, per), per
 
 
-def _gemv_shape_config(cfg: dict, row_programs: int, n: int, k: int,
-                       device: torch.device) -> dict:
+def _gemv_shape_config(cfg: dict, m: int, n: int, k: int, device: torch.device) -> dict:
     """`cfg` with the overrides of the GEMV shape class an (N, K) layer falls in at
-    `row_programs` program rows (W4_CONFIG's gemv_wide / gemv_deep): one launch config
+    `m` input rows (W4_CONFIG's gemv_wide / gemv_deep): one launch config
     cannot serve a 37,888-wide projection, whose tiles alone fill the GPU, and an
     18,944-deep one, which needs split-K, equally well. Decided from what the split
     count already depends on (the shape and the rows), nothing measured at run time."""
     wide, deep = cfg.get("gemv_wide"), cfg.get("gemv_deep")
-    programs = triton.cdiv(n, cfg["gemv_block_n"]) * row_programs   # before any split
+    programs = triton.cdiv(n, cfg["gemv_block_n"]) * m   # program rows: one per input row
     if wide and programs >= _target(device, cfg, gemv=True):
         return {**cfg, **wide}
     if deep and k >= cfg["gemv_deep_ratio"] * n:
@@ -446,13 +457,13 @@ def _w4_group_rows(s_ptr, z_ptr, k0, k_end, offs_g, offs_n, n_mask, N, GROUP: tl
     return s, z
 
 
-@triton.jit(do_not_specialize=["M", "splits"])
-def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
+@triton.jit(do_not_specialize=["splits"])
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, N, K,
                     stride_xm, stride_os, stride_om, k_per_split, splits,
                     GROUP: tl.constexpr, EVEN: tl.constexpr,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GPT: tl.constexpr, XVEC: tl.constexpr,
-                    PREFETCH: tl.constexpr, PRMT: tl.constexpr, ROWS: tl.constexpr,
+                    PREFETCH: tl.constexpr, PRMT: tl.constexpr,
                     SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
     """One K tile is GPT groups of `BLOCK_K / GPT` rows each, held as `[GPT, R, BLOCK_N]`
     words: a tile may span several quantization groups (one scale row per group slice),
@@ -460,38 +471,29 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
     activations of a word row come in one vector load instead of 8 scalar ones.
     PREFETCH 1: the next K tile's words are loaded before this tile's are multiplied, so
     a load stays in flight while the thread computes; 2: its scales and zero points too
-    (else their load's latency is paid in every step); 3: as 2 with the words two tiles
-    ahead (twice the weight bytes in flight a thread). GROUP (the quantization group, a
+    (else their load's latency is paid in every step). GROUP (the quantization group, a
     compile-time constant) makes each tile's scale row a shift instead of a signed
     integer division (~20 SASS instructions a tile); EVEN (N a multiple of BLOCK_N, K of
-    BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks. ROWS (1 or 2): input
-    rows a program serves from each word it loads (a second row past M is computed from
-    row M - 1 and not stored); each row's arithmetic is the one-row program's."""
+    BLOCK_K, as every Qwen/Llama layer is) drops the loads' masks."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    m = tl.program_id(2) * ROWS
+    m = tl.program_id(2)
     R: tl.constexpr = BLOCK_K // 8 // GPT
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_g = tl.arange(0, GPT)
     local = offs_g[:, None] * R + tl.arange(0, R)[None, :]       # [GPT, R] word rows
     acc = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((GPT, R, BLOCK_N), dtype=tl.float32)          # row m + 1 (ROWS 2)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
     # Pointers advanced a tile each step (not recomputed from the row: int64 multiplies)
     w_tile = qw_ptr + (k_start // 8 + local).to(tl.int64)[:, :, None] * N + offs_n[None, None, :]
     w_step = (BLOCK_K // 8) * N
-    x_tile = x_row + k_start + local * 8                          # [GPT, R]
-    x_next = tl.where(m + 1 < M, stride_xm, 0)                    # row m + 1, clamped
+    x_tile = x_ptr + m.to(tl.int64) * stride_xm + k_start + local * 8   # [GPT, R]
     if PREFETCH >= 1:
         rows = k_start // 8 + local
         qw_next = _ld(w_tile, (rows * 8 < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
-    if PREFETCH >= 3:   # and the tile after it (itself again where the split has one tile)
-        qw_far = _ld(w_tile + tl.where(k_start + BLOCK_K < k_end, w_step, 0),
-                     (rows * 8 + BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :], 0, EVEN)
     if PREFETCH >= 2:
         s_next, z_next = _w4_group_rows(s_ptr, z_ptr, k_start, k_end, offs_g, offs_n, n_mask,
                                         N, GROUP, R, EVEN, HAS_ZERO)
@@ -500,14 +502,7 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
         r_mask = rows * 8 < k_end
         # The last tile reloads itself rather than read past the split (unmasked: EVEN)
         last = k0 + BLOCK_K >= k_end
-        if PREFETCH >= 3:
-            qw = qw_next
-            qw_next = qw_far
-            # two tiles ahead, clamped to the split's last tile (never used past it)
-            far = tl.where(k0 + 2 * BLOCK_K < k_end, 2 * w_step, tl.where(last, 0, w_step))
-            nxt = (rows * 8 + 2 * BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :]
-            qw_far = _ld(w_tile + far, nxt, 0, EVEN)
-        elif PREFETCH >= 1:
+        if PREFETCH >= 1:
             qw = qw_next
             nxt = (rows * 8 + BLOCK_K < k_end)[:, :, None] & n_mask[None, None, :]
             qw_next = _ld(w_tile + tl.where(last, 0, w_step), nxt, 0, EVEN)
@@ -523,21 +518,11 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_pt
             s, z = _w4_group_rows(s_ptr, z_ptr, k0, k_end, offs_g, offs_n, n_mask, N, GROUP,
                                   R, EVEN, HAS_ZERO)
         acc += _w4_row_term(qw, x_tile, r_mask, s, z, EVEN, XVEC, PRMT, HAS_ZERO, GPT, R)
-        if ROWS == 2:
-            acc2 += _w4_row_term(qw, x_tile + x_next, r_mask, s, z, EVEN, XVEC, PRMT,
-                                 HAS_ZERO, GPT, R)
         x_tile += BLOCK_K
     out = tl.sum(tl.sum(acc, axis=1), axis=0)
     _store_split(out, out_ptr, res_ptr, cnt_ptr, b_ptr, m * tl.num_programs(0) + pid_n, splits,
                  pid_s, stride_os, m.to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
                  HAS_BIAS, SPLITS_PAD, FUSED)
-    if ROWS == 2:
-        if m + 1 < M:
-            out2 = tl.sum(tl.sum(acc2, axis=1), axis=0)
-            _store_split(out2, out_ptr, res_ptr, cnt_ptr, b_ptr,
-                         (m + 1) * tl.num_programs(0) + pid_n, splits, pid_s, stride_os,
-                         (m + 1).to(tl.int64) * stride_om + offs_n, offs_n, n_mask,
-                         HAS_BIAS, SPLITS_PAD, FUSED)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -689,9 +674,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     gemv = m <= cfg["gemv_max_m"]
     if gemv:
-        rows = 2 if cfg["gemv_rows"] == 2 and m >= 2 else 1
-        row_programs = triton.cdiv(m, rows)
-        cfg = _gemv_shape_config(cfg, row_programs, n, k, x.device)
+        cfg = _gemv_shape_config(cfg, m, n, k, x.device)
         bk, gpt = _gemv_tile(cfg["gemv_block_k"], group_size, k)
     else:
         bk, gpt = _group_block(cfg["gemm_block_k"], group_size, k), 1
@@ -703,16 +686,16 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if gemv:
         bn = cfg["gemv_block_n"]
         n_tiles = triton.cdiv(n, bn)
-        splits, per = _splits(n_tiles * row_programs, k, bk, x.device, cfg, gemv=True)
+        splits, per = _splits(n_tiles * m, k, bk, x.device, cfg, gemv=True)
         # one arrival counter per output tile and row
         o = _outputs(splits, m, n, n_tiles * m, x, x.dtype, bias, cfg)
-        _w4_gemv_kernel[(n_tiles, splits, row_programs)](
-            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+        _w4_gemv_kernel[(n_tiles, splits, m)](
+            x, qweight, scales, zp, bp, o.part, o.res, o.cnt, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits,
             GROUP=min(group_size, k), EVEN=n % bn == 0 and k % bk == 0,
             HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, BLOCK_K=bk,
             GPT=gpt, XVEC=bool(cfg["gemv_xvec"]), PREFETCH=int(cfg["gemv_prefetch"]),
-            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET, ROWS=rows,
+            PRMT=bool(cfg["gemv_prmt"]) and not _INTERPRET,
             SPLITS_PAD=o.splits_pad, FUSED=o.fused, num_warps=cfg["gemv_warps"],
             num_stages=cfg["gemv_stages"], **launch_opts())
     else:

@@ -60,34 +60,34 @@ def main() -> int:
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "ROWS": 1, **one},
+         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **one},
          w4["gemv_warps"], w4["gemv_stages"]),
-        ("w4 gemv, vector activation loads, two rows a program", tq._w4_gemv_kernel, int4,
+        ("w4 gemv, vector activation loads, words only a tile ahead", tq._w4_gemv_kernel, int4,
          {**g128, "HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": True,
-         "PREFETCH": w4["gemv_prefetch"], "PRMT": not w4["gemv_prmt"], "ROWS": 2, **fused},
+         "PREFETCH": 1, "PRMT": not w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemv, words not prefetched, ragged", tq._w4_gemv_kernel, int4, {
          "GROUP": 128, "EVEN": False, "HAS_ZERO": True,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(w4["gemv_block_k"], 128, 4096)[1], "XVEC": w4["gemv_xvec"],
-         "PREFETCH": not w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "ROWS": 1, **fused},
+         "PREFETCH": 0, "PRMT": w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
         ("w4 gemv symmetric, per channel", tq._w4_gemv_kernel, int4, {
          "GROUP": 4096, "EVEN": True, "HAS_ZERO": False,
          "HAS_BIAS": True, "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": w4["gemv_block_k"],
          "GPT": 1, "XVEC": w4["gemv_xvec"],
-         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "ROWS": 1, **fused},
+         "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], **fused},
          w4["gemv_warps"], w4["gemv_stages"]),
     ] + [
         (f"w4 gemv, {name} layers' config", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
          "HAS_BIAS": False, "BLOCK_N": c["gemv_block_n"],
          "BLOCK_K": tq._gemv_tile(c["gemv_block_k"], 128, 4096)[0],
          "GPT": tq._gemv_tile(c["gemv_block_k"], 128, 4096)[1], "XVEC": c["gemv_xvec"],
-         "PREFETCH": c["gemv_prefetch"], "PRMT": c["gemv_prmt"], "ROWS": 1, **one},
+         "PREFETCH": c["gemv_prefetch"], "PRMT": c["gemv_prmt"], **one},
          c["gemv_warps"], c["gemv_stages"])
         for name, c in (("wide", {**w4, **w4["gemv_wide"]}), ("deep", {**w4, **w4["gemv_deep"]}))
     ] + [
@@ -193,7 +193,7 @@ def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -
         "w4": (tq._w4_gemv_kernel, int4, {
             "GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False,
             "BLOCK_N": w4["gemv_block_n"], "BLOCK_K": bk4, "GPT": gpt, "XVEC": w4["gemv_xvec"],
-            "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"], "ROWS": 1,
+            "PREFETCH": w4["gemv_prefetch"], "PRMT": w4["gemv_prmt"],
             "SPLITS_PAD": 4, "FUSED": True}, w4["gemv_warps"], w4["gemv_stages"],
             ["x_ptr", "qw_ptr", "N", "stride_xm", "k_per_split"]),
     }
