@@ -56,10 +56,11 @@ VARIANTS = {
     # slower (2.71 against 2.25 ms: 80 registers, fewer K iterations a program): the loop
     # waits on its loads, not on issue. So the next K tile's words loaded a step ahead
     # (`gemv_prefetch`, 40 registers at 16 x 256; shipped since: 2.22 against 2.62 ms on
-    # one machine), and the tiles and split targets around it.
-    "w4": [{}, {"gemv_prefetch": False}, {"gemv_programs_per_sm": 8},
-           {"gemv_programs_per_sm": 16}, {"gemv_block_k": 512},
-           {"gemv_block_n": 8, "gemv_block_k": 512}],
+    # one machine), and the tiles and split targets around it. 2026-12-03 (third
+    # session): the scales and zero points a step ahead too (`gemv_prefetch` 2) and the
+    # wide layers at 512-row tiles, shipped; the variants below are the steps back.
+    "w4": [{}, {"gemv_prefetch": 1}, {"gemv_prefetch": 0}, {"gemv_wide": {"gemv_warps": 2}},
+           {"gemv_programs_per_sm": 8}, {"gemv_programs_per_sm": 16}],
 }
 
 
