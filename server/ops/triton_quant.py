@@ -81,9 +81,9 @@ W4_CONFIG = {
     # not in a whole step (1.99-2.00 against 1.95-1.96 ms), so they keep 12. Wide
     # layers at 512-row tiles (four groups a tile; nothing is split, so no split target):
     # 1.864-1.884 against 1.904-1.917 ms a step (gate_up 31.1-31.7 against 32.3-32.8
-    # us), 2026-12-03 (third session), two calls on one machine, with gemv_prefetch 2;
-    # 1,024-row tiles (41.8 us), 1 warp (40.8) and the deep layers at 512 rows (20.3-22.9
-    # against 18.6-18.9) ran slower.
+    # us; 121 registers, 8 programs an SM), 2026-12-03 (third session), two calls on one
+    # machine, with gemv_prefetch 2; 1,024-row tiles (41.8 us), 1 warp (40.8) and the
+    # deep layers at 512 rows (20.3-22.9 against 18.6-18.9) ran slower.
     "gemv_wide": {"gemv_warps": 2, "gemv_block_k": 512},
     "gemv_deep": {"gemv_block_n": 32, "gemv_programs_per_sm": 16},
     "gemv_deep_ratio": 4,
@@ -98,7 +98,7 @@ W4_CONFIG = {
     # used them ~30 instructions after their load: a memory latency every step). H200,
     # 2026-12-03 (third session), gemv_step_ab.py GEMV_SHAPES=1, each variant twice in
     # turn: a step's GEMVs 1.927-1.929 against 1.948-1.950 ms (qkv 9.0 against 10.0 us,
-    # the other shapes equal), same bits, 40 registers (48 at the wide and deep configs).
+    # the other shapes equal), same bits, 40 registers (64 at the deep config; sm_90 ptxas).
     # The words two tiles ahead as well ran slower (2.05 ms; gate_up 35.5 against 32.3
     # us, 68 registers at 2 warps); removed. So did the first tile's weights requested
     # before the PDL wait, to overlap the kernel before (1.918-1.920 against 1.912-1.915
@@ -121,8 +121,8 @@ W4_CONFIG = {
     # weights once: H200, 2026-12-03 (third session), gemv_step_ab.py GEMV_M=2, a B=2
     # step's GEMVs 3.41-3.42 against 3.27 ms for a program row per input row, 3.25-3.27
     # with the words two tiles ahead; the engine's B=3/4 steps 6.1 against 4.9-5.0 ms
-    # through it instead of the tl.dot kernel. The second row's reads come from L2: not
-    # the cost. Removed.)
+    # through it instead of the tl.dot kernel. Reading the words once saved little (the
+    # second program row's reads are likely L2 hits; not profiled). Removed.)
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -410,9 +410,7 @@ def _w4_row_term(qw, x_tile, r_mask, s, z, EVEN: tl.constexpr, XVEC: tl.constexp
                  R: tl.constexpr):
     """One input row's `[GPT, R, BLOCK_N]` addend for one K tile of words `qw`: its
     activations (at `x_tile`) times the nibbles, the zero point taken out of the loop
-    (`sum x (q - z) = sum x q - z sum x`) and the group's scale applied once. Two rows
-    of a program call it with the same words: the nibbles are decoded once (the compiler
-    shares the identical operations)."""
+    (`sum x (q - z) = sum x q - z sum x`) and the group's scale applied once."""
     if XVEC:
         # The 8 activations of each word row in one 16-byte load, split in registers.
         xv = _ld(x_tile[:, :, None] + tl.arange(0, 8)[None, None, :],
