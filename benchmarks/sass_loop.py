@@ -25,6 +25,9 @@ the magic in a register: only the high half's nibbles take one immediate). With 
 group size compiled in, pointers advanced a tile a step and no masks where the tiles
 divide the shape: 188 (5.9), 32 registers against 40; `gemv_prmt` (the low half by
 one inline-PTX byte permute) 181, 40 registers.
+2026-12-03 (third session): `gemv_prefetch` 2 (each tile's scales and zero points loaded
+a step ahead too; at level 1 they were used ~30 instructions after their load) 201 a
+step against 193 at level 1, and faster on the H200 all the same (BENCHMARKS.md).
 """
 
 from __future__ import annotations
