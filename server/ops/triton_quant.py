@@ -24,8 +24,9 @@ w4a16 (AWQ and GPTQ, one K-major layout, see `quant.py`):
   counters in `triton_common`), or a second kernel after (`fused_reduce` off).
 - `_w4_gemm_kernel`, medium batches: tiles dequantized in registers to the activation
   dtype (`q - z` in one subtraction of 2^23 + z) and fed to `tl.dot` (float32 accumulation).
-  `_w4_gemm_planes_kernel` (`gemm_planes`, off until timed) loads each word once instead
-  of once per K row, splits it into 8 nibble planes and joins them back into K order.
+  `_w4_gemm_planes_kernel` (`gemm_planes`, on since the H200 timed it) loads each word
+  once instead of once per K row, splits it into 8 nibble planes and joins them back
+  into K order.
 - From `W4_CONFIG['dequant_min_m']` rows (prefill), `_w4_dequant_kernel` writes the
   whole `[K, N]` weight in the activation dtype once and cuBLAS multiplies: the
   dequantization is paid once per call instead of once per row tile.
@@ -71,9 +72,10 @@ W4_CONFIG = {
     "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
     # Per-shape overrides of the keys above, first match wins ({} switches one off).
     # "wide": the output tiles alone (x rows) fill the split-K target, so nothing is split
-    # and a program is one tile's whole K: 2 warps a program, twice the programs resident
-    # (Qwen2.5-7B's gate_up: 33.1 against 37.6 us). "deep": K at least gemv_deep_ratio x
-    # N (down): 32-column tiles and a 16-an-SM split target (19.2 against 25.7 us). H200,
+    # and a program is one tile's whole K: 2 warps a program (Qwen2.5-7B's gate_up at
+    # 256-row tiles, twice the programs resident: 33.1 against 37.6 us; the 512-row tiles
+    # shipped since: below). "deep": K at least gemv_deep_ratio x N (down): 32-column
+    # tiles and a 16-an-SM split target (19.2 against 25.7 us). H200,
     # 2026-12-03 (second session), gemv_step_ab.py GEMV_SHAPES=1 (each shape's 28 GEMVs
     # in a graph of their own): a B=1 step's GEMVs 1.95-1.96 against 2.19-2.20 ms, the
     # engine's AWQ B=1 step 2.58 against 2.75 ms (GPU; two machines). The small layers
