@@ -19,6 +19,12 @@ on the same machine:
     OUT=$OUT python3 benchmarks/gemv_step_ab.py [fp8,w4]   # a table; $OUT/gemv_step_ab.json
                                                            # ("best": the fastest variants)
 
+It runs the 112 GEMVs back to back, where the engine puts norms, rotary and attention
+between them, and the two have disagreed (2026-12-03, fourth session: 8 programs an SM
+for qkv / o slower here, faster in the engine; tiled words 3.6% faster here, equal in
+the engine). Use it to look inside a change; decide with the engine's decode graph
+(`run_quant.sh --phases engine_awq --tuned ...`, alternated on one machine).
+
 GEMV_M=2 times a B=2 step's GEMVs instead. GEMV_SHAPES=1 also times each shape's 28
 GEMVs in a graph of their own, beside a kernel that only reads the same bytes in the
 same graph layout (`read floor`): the step's time split by layer shape, and how far

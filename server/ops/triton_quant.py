@@ -60,7 +60,8 @@ from pagefleet.server.ops.triton_common import arrival_counters, last_arrival, s
 # (`benchmarks/quant_bench.py --phases kernels`, BENCHMARKS.md); other GPUs run them too.
 W4_CONFIG = {
     "gemv_max_m": 2,        # rows up to which the GEMV kernel runs (one program row each)
-    # 16 x 256 (two 128-row groups a tile) and 12 programs an SM for the split-K target:
+    # 16 x 256 (two 128-row groups a tile) and 12 programs an SM (8 since: below) for the
+    # split-K target:
     # 47 registers a thread (sm_90 ptxas) against 124 for the 32 x 512 tiles at 4 an SM
     # shipped before; a B=1 step's GEMVs 2.53 against 2.75 ms (H200, 2026-12-02 night,
     # benchmarks/gemv_step_ab.py: 28 distinct layers per graph)
@@ -69,7 +70,15 @@ W4_CONFIG = {
     # against 7.34 SASS instructions per nibble in the loop (benchmarks/sass_loop.py);
     # the H200 sweep of 2026-12-02 (evening) still picked the scalar loads, so off.
     "gemv_xvec": False,
-    "gemv_programs_per_sm": 12,  # the GEMV's split-K target (the tl.dot kernel's: below)
+    # The GEMV's split-K target (the tl.dot kernel's: below), which only the base class
+    # (qkv, o at Qwen2.5-7B's shape) keeps. 8, not the 12 that benchmarks/gemv_step_ab.py
+    # picked: that benchmark runs a step's 112 GEMVs back to back, where the engine puts
+    # norms, rotary and attention between them, and the two disagree. H200, 2026-12-03
+    # (fourth session), the engine's AWQ decode graph (`run_quant.sh --phases
+    # engine_awq --tuned ...`, one machine, in turn): B=1 2.214 / 2.233 against 2.277-2.283
+    # ms for 12 (eager profile: the step's GEMVs 1.850 against 1.923-1.936 ms), B=2 3.590
+    # / 3.591 against 3.604-3.650; the back-to-back step had 8 slower (1.99 against 1.95).
+    "gemv_programs_per_sm": 8,
     # Per-shape overrides of the keys above, first match wins ({} switches one off).
     # "wide": the output tiles alone (x rows) fill the split-K target, so nothing is split
     # and a program is one tile's whole K: 2 warps a program (Qwen2.5-7B's gate_up at
@@ -80,7 +89,8 @@ W4_CONFIG = {
     # in a graph of their own): a B=1 step's GEMVs 1.95-1.96 against 2.19-2.20 ms, the
     # engine's AWQ B=1 step 2.58 against 2.75 ms (GPU; two machines). The small layers
     # (qkv, o) ran faster alone at 8 programs an SM (7.7 / 6.9 against 10.0 / 8.1 us) but
-    # not in a whole step (1.99-2.00 against 1.95-1.96 ms), so they keep 12. Wide
+    # not in a whole step (1.99-2.00 against 1.95-1.96 ms); the engine, which runs them
+    # alone, is faster at 8 (gemv_programs_per_sm, above). Wide
     # layers at 512-row tiles (four groups a tile; nothing is split, so no split target):
     # 1.864-1.884 against 1.904-1.917 ms a step (gate_up 31.1-31.7 against 32.3-32.8
     # us; 121 registers, 8 programs an SM), 2026-12-03 (third session), two calls on one
@@ -105,6 +115,14 @@ W4_CONFIG = {
     # us, 68 registers at 2 warps); removed. So did the first tile's weights requested
     # before the PDL wait, to overlap the kernel before (1.918-1.920 against 1.912-1.915
     # ms, next call); removed.
+    # (Triton's own pipelining of the K loop, `tl.range(..., num_stages=3..6)` with
+    # prefetch 0, does move the weights through shared memory by cp.async (LDGSTS in the
+    # sm_90 SASS; the kernel's num_stages alone does not), same bits, but ran slower:
+    # 2.12-2.26 against 1.87 ms a step, the engine's B=1 step 3.00 against 2.62 ms at 4
+    # stages; not added. Nor the words stored tiled, a 16-column strip of K rows
+    # contiguous: 1.838-1.840 against 1.904-1.912 ms back to back, but the engine's
+    # forward unchanged, 2.210-2.226 against 2.216-2.220 ms. H200, 2026-12-03, fourth
+    # session, BENCHMARKS.md.)
     "gemv_prefetch": 2,
     # 2026-12-03, later, not a switch: the group size compiled in, pointers advanced a
     # tile a step and unmasked loads where the tiles divide the shape took the shipped
