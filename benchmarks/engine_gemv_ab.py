@@ -1,0 +1,148 @@
+"""Quantized-GEMV launch configs A/B'd inside the engine's decode step, on one GPU.
+
+Written 2026-12-03 (fourth session) with no device time left: not yet run on a GPU.
+Its first run should sit beside `run_quant.sh --phases engine_awq` (whose
+`gpu_forward_ms` replays the runner's own graph of the same forward) to check that the
+two agree.
+
+`gemv_step_ab.py` times a step's GEMVs back to back; the engine runs norms, rotary and
+attention between them, and the two have disagreed (BENCHMARKS.md, 2026-12-03 fourth
+session: 8 programs an SM for qkv / o slower back to back, 2.5% faster in the engine;
+tiled words the other way round). This times the engine's own decode forward for each
+variant, in turn, over several rounds, with one model load: a variant updates
+W4_CONFIG / FP8_CONFIG (and DECODE_CONFIG), the decode forward at batch B is captured
+in a CUDA graph of its own (kernels compile outside the capture, on the warm-up call),
+and its replay is timed. Rows alternate variants round by round, so drift on the machine
+(clocks, heat) falls on every variant alike.
+
+    bash benchmarks/run_quant.sh --phases build,quantize    # the AWQ checkpoint, once
+    ENGINE_AB_VARIANTS='[{}, {"W4_CONFIG": {"gemv_programs_per_sm": 12}}]' \
+        OUT=$OUT python3 benchmarks/engine_gemv_ab.py [--model DIR] [--batches 1,2] \
+        [--rounds 3] [--quantization fp8]
+
+Output: a table (median of each variant's rounds, and every round) and
+$OUT/engine_gemv_ab.json. The first variant is the reference for `same_tokens`: each
+variant's greedy next tokens at batch B from the same decode state (a variant that only
+moves loads gives the same; one that sums in another order may flip a near-tie of the
+random-weight model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import log, median_ms  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
+AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ", "/tmp/qwen2.5-7b-random-awq")
+CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG")
+
+
+def _config_dicts() -> dict:
+    from pagefleet.server.ops import triton_attention, triton_quant
+    return {"W4_CONFIG": triton_quant.W4_CONFIG, "FP8_CONFIG": triton_quant.FP8_CONFIG,
+            "DECODE_CONFIG": triton_attention.DECODE_CONFIG}
+
+
+def _apply(variant: dict, shipped: dict) -> None:
+    """The shipped configs with the variant's keys over them."""
+    unknown = set(variant) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"variant keys must be among {CONFIGS}, got {sorted(unknown)}")
+    for name, cfg in _config_dicts().items():
+        cfg.clear()
+        cfg.update(shipped[name])
+        bad = set(variant.get(name, {})) - set(cfg)
+        if bad:
+            raise SystemExit(f"{name} has no keys {sorted(bad)}")
+        cfg.update(variant.get(name, {}))
+
+
+def _decode_state(llm, batch: int, prompt_len: int, seed: int) -> list[str]:
+    """`batch` requests past their prefill, so the runner's static decode buffers hold a
+    real batch-`batch` step (what `_decode_forward` reads)."""
+    from pagefleet.server import SamplingParams
+    eng = llm.engine
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=10 ** 4, ignore_eos=True)
+    ids = [f"ab{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        eng.add_request(rid, [rng.randrange(0, 150000) for _ in range(prompt_len)], params)
+    while any(len(eng.scheduler.requests[r].output_token_ids) < 2 for r in ids):
+        eng.step()
+    return ids
+
+
+def _time_variant(runner, batch: int, ctx: int) -> tuple[float, list[int]]:
+    """(ms of one decode forward replayed from its own graph, its greedy next tokens)."""
+    import torch
+    from pagefleet.server.engine.graph_capture import capture, capture_stream
+    pad = next(b for b in runner._decode_sizes if b >= batch)
+    width = runner._graph_width(pad, ctx)
+    with torch.inference_mode():
+        runner._decode_forward(pad, width)     # compiles the variant's kernels
+        torch.cuda.synchronize()
+        with capture_stream():
+            graph, out = capture(lambda: runner._decode_forward(pad, width),
+                                 torch.cuda.graph_pool_handle())
+        torch.cuda.synchronize()
+        ms = median_ms(graph.replay, n=50)
+        graph.replay()
+        tokens = runner.model.compute_logits(out[:batch]).argmax(-1).tolist()
+    del graph
+    return ms, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=AWQ_DIR, help="checkpoint (default: run_quant's AWQ)")
+    ap.add_argument("--quantization", default=None, help="e.g. fp8 for a bf16 checkpoint")
+    ap.add_argument("--batches", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    args = ap.parse_args()
+    variants = json.loads(os.environ.get("ENGINE_AB_VARIANTS", "[{}]"))
+    import torch
+
+    from pagefleet.server import LLM
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_gemv_ab.py times CUDA graphs: it needs a GPU")
+    OUT.mkdir(parents=True, exist_ok=True)
+    llm = LLM(args.model, max_model_len=4096, max_num_seqs=64, quantization=args.quantization)
+    runner = llm.engine.runner
+    shipped = {name: dict(cfg) for name, cfg in _config_dicts().items()}
+    rows: list[dict] = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        ids = _decode_state(llm, batch, args.prompt_len, seed=batch)
+        ctx = max(len(llm.engine.scheduler.requests[r].all_token_ids) for r in ids)
+        times: dict[int, list[float]] = {i: [] for i in range(len(variants))}
+        tokens: dict[int, list[int]] = {}
+        for rnd in range(args.rounds):
+            for i, var in enumerate(variants):
+                _apply(var, shipped)
+                ms, tok = _time_variant(runner, batch, ctx)
+                times[i].append(ms)
+                tokens.setdefault(i, tok)
+                log(f"B={batch} round {rnd} {json.dumps(var) or 'shipped'}: {ms:.4f} ms")
+        _apply({}, shipped)
+        for i, var in enumerate(variants):
+            rows.append({"batch": batch, "variant": var or "shipped",
+                         "median_ms": statistics.median(times[i]), "rounds_ms": times[i],
+                         "same_tokens": tokens[i] == tokens[0]})
+        for r in ids:
+            llm.engine.abort_request(r)
+        (OUT / "engine_gemv_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
+    for r in rows:
+        print(f"B={r['batch']:<3} {json.dumps(r['variant'])[:80]:80s} {r['median_ms']:.4f} ms  "
+              f"rounds {' '.join(f'{x:.4f}' for x in r['rounds_ms'])}  "
+              f"same tokens {r['same_tokens']}")
+
+
+if __name__ == "__main__":
+    main()
