@@ -10,9 +10,9 @@ attention between them, and the two have disagreed (BENCHMARKS.md, 2026-12-03 fo
 session: 8 programs an SM for qkv / o slower back to back, 2.5% faster in the engine;
 tiled words the other way round). This times the engine's own decode forward for each
 variant, in turn, over several rounds, with one model load: a variant updates
-W4_CONFIG / FP8_CONFIG (and DECODE_CONFIG), the decode forward at batch B is captured
-in a CUDA graph of its own (kernels compile outside the capture, on the warm-up call),
-and its replay is timed. Rows alternate variants round by round, so drift on the machine
+W4_CONFIG / FP8_CONFIG (and DECODE_CONFIG), and the decode forward at batch B is timed
+from a CUDA graph of its own (`gpu_bench.graph_ms`: kernels compile on its warm-up call,
+outside the capture). Rows alternate variants round by round, so drift on the machine
 (clocks, heat) falls on every variant alike.
 
     bash benchmarks/run_quant.sh --phases build,quantize    # the AWQ checkpoint, once
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import log, median_ms  # noqa: E402
+from gpu_bench import graph_ms, log  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ", "/tmp/qwen2.5-7b-random-awq")
@@ -80,22 +80,15 @@ def _decode_state(llm, batch: int, prompt_len: int, seed: int) -> list[str]:
 
 
 def _time_variant(runner, batch: int, ctx: int) -> tuple[float, list[int]]:
-    """(ms of one decode forward replayed from its own graph, its greedy next tokens)."""
+    """(ms of one decode forward replayed from a graph of its own, its greedy next tokens;
+    eager and graph outputs are equal, see the runner)."""
     import torch
-    from pagefleet.server.engine.graph_capture import capture, capture_stream
     pad = next(b for b in runner._decode_sizes if b >= batch)
     width = runner._graph_width(pad, ctx)
     with torch.inference_mode():
-        runner._decode_forward(pad, width)     # compiles the variant's kernels
-        torch.cuda.synchronize()
-        with capture_stream():
-            graph, out = capture(lambda: runner._decode_forward(pad, width),
-                                 torch.cuda.graph_pool_handle())
-        torch.cuda.synchronize()
-        ms = median_ms(graph.replay, n=50)
-        graph.replay()
+        ms = graph_ms(lambda: runner._decode_forward(pad, width), reps=1, n=50)
+        out = runner._decode_forward(pad, width)
         tokens = runner.model.compute_logits(out[:batch]).argmax(-1).tolist()
-    del graph
     return ms, tokens
 
 
