@@ -40,7 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import graph_ms, log  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
-AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ", "/tmp/qwen2.5-7b-random-awq")
+# run_quant.sh writes the AWQ checkpoint to /dev/shm where it has room, else /tmp
+AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ") or next(
+    (d for d in ("/dev/shm/qwen2.5-7b-random-awq", "/tmp/qwen2.5-7b-random-awq")
+     if Path(d, "config.json").exists()), "/tmp/qwen2.5-7b-random-awq")
 CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG")
 
 
@@ -70,7 +73,7 @@ def _decode_state(llm, batch: int, prompt_len: int, seed: int) -> list[str]:
     from pagefleet.server import SamplingParams
     eng = llm.engine
     rng = random.Random(seed)
-    params = SamplingParams(temperature=0.0, max_tokens=10 ** 4, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)   # stays in decode
     ids = [f"ab{batch}-{i}" for i in range(batch)]
     for rid in ids:
         eng.add_request(rid, [rng.randrange(0, 150000) for _ in range(prompt_len)], params)

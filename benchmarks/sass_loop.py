@@ -28,6 +28,9 @@ one inline-PTX byte permute) 181, 40 registers.
 2026-12-03 (third session): `gemv_prefetch` 2 (each tile's scales and zero points loaded
 a step ahead too; at level 1 they were used ~30 instructions after their load) 201 a
 step against 193 at level 1, and faster on the H200 all the same (BENCHMARKS.md).
+2026-12-03 (fifth session): the tensor-core GEMV (`_w4_gemv_tc_kernel`, inline-PTX pair
+decode into an MMA operand) 3.7 a nibble at 64 columns, 2.7 at 128; it wins from two
+rows, where one operand serves every row, and loses at one.
 """
 
 from __future__ import annotations
@@ -127,6 +130,16 @@ def main() -> None:
             ["x_ptr", "w_ptr", "ws_ptr", "out_ptr", "stride_ws", *sizes],
             f8["gemv_block_k"] * f8["gemv_block_n"] / (32 * f8["gemv_warps"]))
         for pf, xb in ((False, False), (True, False), (False, True), (True, True))}
+    cases |= {
+        f"w4a16 tensor-core gemv (AWQ, group 128, {bn} columns, {m}-row operand)": (
+            tq._w4_gemv_tc_kernel, int4,
+            {"GROUP": 128, "EVEN": True, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": m,
+             "BLOCK_N": bn, "F16": False, "ASM": True, "F32": False, "SPLITS_PAD": 4,
+             "FUSED": True, "PDL": True},
+            w4["gemv_tc_warps"], w4["gemv_tc_stages"],
+            ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", *sizes],
+            128 * bn / (32 * w4["gemv_tc_warps"]))
+        for bn in (w4["gemv_tc_block_n"], 128) for m in (8, 16)}
     result = {}
     for name, (fn, ptrs, cx, warps, stages, aligned, per_thread) in cases.items():
         body = innermost_loop(compile_sass(fn, ptrs, cx, warps, stages, aligned))

@@ -143,6 +143,23 @@ W4_CONFIG = {
     # with the words two tiles ahead; the engine's B=3/4 steps 6.1 against 4.9-5.0 ms
     # through it instead of the tl.dot kernel. Reading the words once saved little (the
     # second program row's reads are likely L2 hits; not profiled). Removed.)
+    # The tensor-core GEMV (`_w4_gemv_tc_kernel`) for gemv_tc_min_m to gemv_tc_max_m rows
+    # (max 0: off), ahead of the kernels above and below where it applies (16-bit
+    # activations, 128-row K tiles inside a group, a shape class in gemv_tc_classes).
+    # H200, 2026-12-03 (fifth session), the engine's AWQ decode forward
+    # (benchmarks/engine_gemv_ab.py, variants in turn, one machine): B=2 2.83-2.84 against
+    # 3.52 ms, B=4 2.96 against 4.38, B=6 3.17 against 4.54, B=8 3.20 against 4.55
+    # (run_quant.sh engine_awq, another machine: B=2 2.94 against 3.61, B=8 3.29 against
+    # 4.63); B=12 / 16 5.27 / 5.28 against 4.65 / 4.69 for the tl.dot kernel below, so
+    # the range ends at 8. At B=1 it loses: the step's GEMVs back to back 2.37 against
+    # 1.87 ms (gate_up 37.9 against 31.1 us: one row cannot fill the MMA, the CUDA-core
+    # GEMV keeps more loads in flight), the small layers alone 2.28-2.30 against 2.20 ms
+    # in the engine. 64-column tiles, 16 programs an SM, 3 stages: at B=2 back to back
+    # 2.38 against 3.21 ms; 128 x 4 an SM (2 stages) 3.65, 2 stages at 64 columns 3.40
+    # in the engine; 32 columns, 4 stages and 8 warps x 256 columns slower (BENCHMARKS.md).
+    "gemv_tc_min_m": 2, "gemv_tc_max_m": 8, "gemv_tc_block_n": 64, "gemv_tc_warps": 4,
+    "gemv_tc_stages": 3, "gemv_tc_programs_per_sm": 16,
+    "gemv_tc_classes": ("base", "wide", "deep"),
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -221,13 +238,19 @@ def _gemv_shape_config(cfg: dict, m: int, n: int, k: int, device: torch.device) 
     cannot serve a 37,888-wide projection, whose tiles alone fill the GPU, and an
     18,944-deep one, which needs split-K, equally well. Decided from what the split
     count already depends on (the shape and the rows), nothing measured at run time."""
+    cls = _gemv_class(cfg, m, n, k, device)
+    return {**cfg, **cfg[f"gemv_{cls}"]} if cls != "base" else cfg
+
+
+def _gemv_class(cfg: dict, m: int, n: int, k: int, device: torch.device) -> str:
+    """"wide", "deep" or "base" (`_gemv_shape_config`)."""
     wide, deep = cfg.get("gemv_wide"), cfg.get("gemv_deep")
     programs = triton.cdiv(n, cfg["gemv_block_n"]) * m   # program rows: one per input row
     if wide and programs >= _target(device, cfg, gemv=True):
-        return {**cfg, **wide}
+        return "wide"
     if deep and k >= cfg["gemv_deep_ratio"] * n:
-        return {**cfg, **deep}
-    return cfg
+        return "deep"
+    return "base"
 
 
 def _block_m(m: int, cfg: dict) -> int:
@@ -645,6 +668,166 @@ def _w4_gemm_planes_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr,
                  HAS_BIAS, SPLITS_PAD, FUSED)
 
 
+# The tensor-core GEMV's nibble pairs (`_w4_tc_pair`): nibbles j and j + 4 of a word sit
+# in the low nibbles of its two half words once it is shifted right by 4j, and one LOP3
+# ORs both into the bits of 128 (bf16) or 1024 (fp16) below them; one packed
+# subtraction of (128 or 1024) + z then leaves both `q - z` exactly.
+def _tc_pair_asm(j: int, f16: bool) -> tl.constexpr:
+    src = f"shr.u32 t, $2, {4 * j}; lop3.b32 t, t," if j else "lop3.b32 t, $2,"
+    magic, ty = ("0x64006400", "f16x2") if f16 else ("0x43004300", "bf16x2")
+    return tl.constexpr("{ .reg .b32 t; " + src + f" 0x000F000F, {magic}, 0xEA; "
+                        f"sub.rn.{ty} t, t, $3; " + "mov.b32 {$0, $1}, t; }")
+
+
+TC_BF16_0, TC_BF16_1, TC_BF16_2, TC_BF16_3 = (_tc_pair_asm(j, False) for j in range(4))
+TC_F16_0, TC_F16_1, TC_F16_2, TC_F16_3 = (_tc_pair_asm(j, True) for j in range(4))
+
+
+@triton.jit
+def _tc_asm(wt, zz, asm: tl.constexpr, F16: tl.constexpr):
+    if F16:
+        lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,r,r", [wt, zz],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,r,r", [wt, zz],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+                                           pack=1)
+    return lo, hi
+
+
+@triton.jit
+def _w4_tc_pair(wt, zz, z, J: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr):
+    """Nibbles J and J + 4 of each word minus its zero point, as two tensors of the
+    activations' 16-bit type (exact: integers in [-15, 15]). ASM: two instructions a
+    word (three from J = 1) by inline PTX (`zz`: the bits of (128 or 1024) + z in both
+    half words); else (the interpreter, which runs no PTX) the same values by integer
+    arithmetic (`z`: int32 zero points)."""
+    if ASM:
+        if F16:
+            if J == 0:
+                lo, hi = _tc_asm(wt, zz, TC_F16_0, True)
+            elif J == 1:
+                lo, hi = _tc_asm(wt, zz, TC_F16_1, True)
+            elif J == 2:
+                lo, hi = _tc_asm(wt, zz, TC_F16_2, True)
+            else:
+                lo, hi = _tc_asm(wt, zz, TC_F16_3, True)
+        else:
+            if J == 0:
+                lo, hi = _tc_asm(wt, zz, TC_BF16_0, False)
+            elif J == 1:
+                lo, hi = _tc_asm(wt, zz, TC_BF16_1, False)
+            elif J == 2:
+                lo, hi = _tc_asm(wt, zz, TC_BF16_2, False)
+            else:
+                lo, hi = _tc_asm(wt, zz, TC_BF16_3, False)
+    else:
+        lo = (((wt >> (4 * J)) & 0xF) - z).to(tl.float32)
+        hi = (((wt >> (4 * J + 16)) & 0xF) - z).to(tl.float32)
+        if F16:
+            lo, hi = lo.to(tl.float16), hi.to(tl.float16)
+        else:
+            lo, hi = lo.to(tl.bfloat16), hi.to(tl.bfloat16)
+    return lo, hi
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _w4_gemv_tc_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt_ptr, M, N, K,
+                       stride_xm, stride_os, stride_om, k_per_split, splits,
+                       GROUP: tl.constexpr, EVEN: tl.constexpr, HAS_ZERO: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       F16: tl.constexpr, ASM: tl.constexpr, F32: tl.constexpr,
+                       SPLITS_PAD: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
+    """Decode GEMV (up to BLOCK_M rows) on the tensor cores, `out^T = W^T x^T`: each
+    128-row K tile (inside one quantization group) is `[BLOCK_N, 16]` words, turned
+    into a `[BLOCK_N, 128]` operand of `q - z` in the activations' type (exact) by one
+    shift, one LOP3 and one packed subtraction per two nibbles (`_w4_tc_pair`), and
+    multiplied with the tile's activations by one `tl.dot` (float32 accumulation); the
+    group's scale is applied to the tile's float32 result. The operand's columns are
+    ordered so that the two halves of each pair register are adjacent K positions of
+    the MMA operand (no shuffles): column `8r + 4a + 2b + e` holds K row `8r + 2a + b +
+    4e`, and the activations are loaded in that order. Up to 8 (16) input rows cost
+    one MMA operand, so a B = 2..8 step decodes each word once where `_w4_gemv_kernel`
+    runs a program row per input row: the engine's AWQ decode forward 2.83 against 3.52
+    ms at B=2, 3.20 against 4.55 at B=8 (H200). sm_90 SASS: 3.7 instructions a nibble
+    at the shipped 64-column tiles (2.7 at 128) against ~6 for the CUDA-core GEMV, yet
+    at one row that GEMV is faster (benchmarks/sass_loop.py; W4_CONFIG). K splits as in
+    the other kernels; K and every split a multiple of 128."""
+    pdl_wait(PDL)
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    BK: tl.constexpr = 128
+    R: tl.constexpr = BK // 8
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    c = tl.arange(0, BK)
+    offs_k = (c // 8) * 8 + ((c // 4) % 2) * 2 + (c // 2) % 2 + (c % 2) * 4
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    w_tile = qw_ptr + (k_start // 8 + tl.arange(0, R)).to(tl.int64)[None, :] * N \
+        + offs_n[:, None]
+    x_tile = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + (k_start + offs_k)[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BK):
+        wt = _ld(w_tile, n_mask[:, None], 0, EVEN)
+        g_off = (k0 // GROUP) * N + offs_n
+        s = _ld(s_ptr + g_off, n_mask, 0.0, EVEN).to(tl.float32)
+        if HAS_ZERO:
+            z = _ld(z_ptr + g_off, n_mask, 0, EVEN).to(tl.int32)
+        else:
+            z = tl.full((BLOCK_N,), 8, tl.int32)
+        z = tl.broadcast_to(z[:, None], (BLOCK_N, R))
+        zz = ((0x6400 if F16 else 0x4300) + z) * 0x10001
+        l0, h0 = _w4_tc_pair(wt, zz, z, 0, F16, ASM)
+        l1, h1 = _w4_tc_pair(wt, zz, z, 1, F16, ASM)
+        l2, h2 = _w4_tc_pair(wt, zz, z, 2, F16, ASM)
+        l3, h3 = _w4_tc_pair(wt, zz, z, 3, F16, ASM)
+        lo = tl.join(tl.join(l0, l2), tl.join(l1, l3))     # [.., r, a, b]: nibble 2a + b
+        hi = tl.join(tl.join(h0, h2), tl.join(h1, h3))     # nibble 2a + b + 4
+        a = tl.reshape(tl.join(lo, hi), (BLOCK_N, BK))
+        xt = tl.load(x_tile, mask=m_mask[None, :], other=0.0)
+        acc += _dot(a, xt, F32) * s[:, None]
+        w_tile += R * N
+        x_tile += BK
+    _store_split(acc, out_ptr, res_ptr, cnt_ptr, b_ptr, pid_n, splits, pid_s, stride_os,
+                 offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None], offs_n[:, None],
+                 n_mask[:, None] & m_mask[None, :], HAS_BIAS, SPLITS_PAD, FUSED)
+
+
+def _tc_gemv_ok(m: int, n: int, k: int, group_size: int, dtype: torch.dtype,
+                device: torch.device) -> bool:
+    """Whether the tensor-core GEMV takes this call: 16-bit activations, K tiles of 128
+    rows that stay inside one quantization group, a GEMV shape class it is on for."""
+    cfg = W4_CONFIG
+    return (max(1, cfg["gemv_tc_min_m"]) <= m <= cfg["gemv_tc_max_m"]
+            and dtype in (torch.bfloat16, torch.float16)
+            and k % 128 == 0 and (group_size >= k or group_size % 128 == 0)
+            and _gemv_class(cfg, min(m, cfg["gemv_max_m"]), n, k, device)
+            in cfg["gemv_tc_classes"])
+
+
+def _w4_gemv_tc(x, qweight, scales, zeros, group_size, bias):
+    m, k = x.shape
+    n = qweight.shape[1]
+    cfg = W4_CONFIG
+    bn = cfg["gemv_tc_block_n"]
+    tiles = triton.cdiv(n, bn)
+    tc = {**cfg, "gemv_programs_per_sm": cfg["gemv_tc_programs_per_sm"]}
+    splits, per = _splits(tiles, k, 128, x.device, tc, gemv=True)
+    o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
+    _w4_gemv_tc_kernel[(tiles, splits)](
+        x, qweight, scales, zeros if zeros is not None else scales,
+        bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+        o.part.stride(0), o.part.stride(1), per, splits, GROUP=min(group_size, k),
+        EVEN=n % bn == 0, HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias,
+        BLOCK_M=8 if m <= 8 else 16, BLOCK_N=bn, F16=x.dtype == torch.float16,
+        ASM=not _INTERPRET, F32=_INTERPRET, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+        num_warps=cfg["gemv_tc_warps"], num_stages=cfg["gemv_tc_stages"], **launch_opts())
+    return o.result(splits, bias, x.dtype)
+
+
 @triton.jit
 def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, R, group_size, HAS_ZERO: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
@@ -690,6 +873,8 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
+    if _tc_gemv_ok(m, n, k, group_size, x.dtype, x.device):
+        return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)
     gemv = m <= cfg["gemv_max_m"]
     if gemv:
         cfg = _gemv_shape_config(cfg, m, n, k, x.device)

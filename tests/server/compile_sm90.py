@@ -98,6 +98,15 @@ def main() -> int:
          "GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_M": 16,
          "BLOCK_N": w4["gemm_block_n"], "BLOCK_K": w4["gemm_block_k"], "F32": False, **fused},
          w4["gemm_warps"], w4["gemm_stages"]),
+    ] + [
+        (f"w4 tensor-core gemv, {'fp16' if f16 else 'bf16'}, {bm}-row operand",
+         tq._w4_gemv_tc_kernel, {**int4, "x_ptr": "*fp16" if f16 else "*bf16"},
+         {"GROUP": 128, "EVEN": not f16, "HAS_ZERO": not f16, "HAS_BIAS": f16, "BLOCK_M": bm,
+          "BLOCK_N": w4["gemv_tc_block_n"], "F16": f16, "ASM": True, "F32": False,
+          **(fused if bm == 8 else one)},
+         w4["gemv_tc_warps"], w4["gemv_tc_stages"])
+        for f16, bm in ((False, 8), (True, 16))
+    ] + [
         ("w4 dequant", tq._w4_dequant_kernel, {**int4, "out_ptr": "*bf16"},
          {"HAS_ZERO": True, "BLOCK_R": w4["dequant_block_r"], "BLOCK_N": w4["dequant_block_n"]},
          4, 2),

@@ -39,7 +39,10 @@ def small_tiles(monkeypatch):
                                                 "gemm_block_n": 16, "gemm_block_k": 32,
                                                 "target_programs": 8, "dequant_block_r": 4,
                                                 "dequant_block_n": 16, "gemv_wide": {},
-                                                "gemv_deep": {}}),
+                                                "gemv_deep": {}, "gemv_tc_block_n": 32,
+                                                # the tensor-core GEMV only where a test
+                                                # asks for it (the paths below are others)
+                                                "gemv_tc_max_m": 0}),
                       (triton_quant.FP8_CONFIG, {"gemv_block_n": 16, "gemv_block_k": 32,
                                                  "gemm_block_n": 16, "gemm_block_k": 32,
                                                  "w8a8_block_m": 16, "w8a8_block_n": 16,
@@ -278,6 +281,66 @@ def test_split_k_summed_by_the_last_program_is_the_second_kernels_bits(path, mon
         assert torch.equal(got[0], got[1])
         counters = triton_common.arrival_counters(x.device, 1)
         assert counters is not None and not counters.any()
+
+
+TC_CASES = [
+    # rows, K, N, group (K: one group a column), zeros
+    (1, 256, 40, 128, True),     # N not a multiple of the tile
+    (2, 384, 64, 384, False),    # one group a column, symmetric
+    (9, 256, 72, 256, True),     # 16-row operand
+    (16, 128, 32, 128, False),
+]
+
+
+@pytest.mark.parametrize("case", TC_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4_tensor_core_gemv(case, dtype, monkeypatch):
+    """The tensor-core GEMV (`_w4_gemv_tc_kernel`, the interpreter's twin of its inline
+    PTX): the twin's result with one split and many, split-K summed in the kernel and
+    after, a bias and none; the call really took it."""
+    m, k, n, group, zeros = case
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_min_m", 1)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_max_m", 16)
+    calls = []
+    tc = triton_quant._w4_gemv_tc
+    monkeypatch.setattr(triton_quant, "_w4_gemv_tc", lambda *a: calls.append(1) or tc(*a))
+    x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m + k + n)
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        for fused in (False, True):
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
+            for bias in (b, None):
+                out = triton_quant.w4a16_linear(x, qw, s, z, group, bias)
+                ref = quant.w4a16_linear(x.float(), qw, s, z, group,
+                                         None if bias is None else bias.float())
+                assert out.dtype == dtype and out.shape == (m, n)
+                assert rel_err(out, ref) <= TOL[dtype]
+    assert len(calls) == 8
+
+
+@pytest.mark.parametrize("m,k,group,dtype,takes", [
+    (2, 256, 128, torch.bfloat16, True),
+    (16, 256, -1, torch.float16, True),
+    (1, 256, 128, torch.bfloat16, False),     # below gemv_tc_min_m
+    (17, 256, 128, torch.bfloat16, False),    # past gemv_tc_max_m
+    (2, 200, 200, torch.bfloat16, False),     # K not a multiple of 128
+    (2, 256, 64, torch.bfloat16, False),      # a 128-row tile would span two groups
+    (2, 256, 128, torch.float32, False),      # float32 activations
+])
+def test_w4_tensor_core_gemv_takes_only_what_it_can(m, k, group, dtype, takes, monkeypatch):
+    """Calls outside the tensor-core GEMV's reach go to the other paths, with the twin's
+    result either way."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_min_m", 2)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_max_m", 16)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 2)
+    calls = []
+    tc = triton_quant._w4_gemv_tc
+    monkeypatch.setattr(triton_quant, "_w4_gemv_tc", lambda *a: calls.append(1) or tc(*a))
+    g = k if group == -1 else group
+    x, qw, s, z, b = int4_case(m, k, 40, g, True, dtype, seed=m + k)
+    out = triton_quant.w4a16_linear(x, qw, s, z, g, b)
+    assert bool(calls) == takes
+    assert rel_err(out, quant.w4a16_linear(x.float(), qw, s, z, g, b.float())) <= TOL[dtype]
 
 
 def fp8_case(m, k, n, block, dtype, seed):
