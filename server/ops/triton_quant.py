@@ -679,8 +679,9 @@ def _tc_pair_asm(j: int, f16: bool) -> tl.constexpr:
                         f"sub.rn.{ty} t, t, $3; " + "mov.b32 {$0, $1}, t; }")
 
 
-TC_BF16_0, TC_BF16_1, TC_BF16_2, TC_BF16_3 = (_tc_pair_asm(j, False) for j in range(4))
-TC_F16_0, TC_F16_1, TC_F16_2, TC_F16_3 = (_tc_pair_asm(j, True) for j in range(4))
+# indexed J + 4 * F16 (a tuple of compile-time strings)
+TC_ASM = tl.constexpr(tuple(_tc_pair_asm(j, f16).value for f16 in (False, True)
+                            for j in range(4)))
 
 
 @triton.jit
@@ -703,24 +704,7 @@ def _w4_tc_pair(wt, zz, z, J: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr
     half words); else (the interpreter, which runs no PTX) the same values by integer
     arithmetic (`z`: int32 zero points)."""
     if ASM:
-        if F16:
-            if J == 0:
-                lo, hi = _tc_asm(wt, zz, TC_F16_0, True)
-            elif J == 1:
-                lo, hi = _tc_asm(wt, zz, TC_F16_1, True)
-            elif J == 2:
-                lo, hi = _tc_asm(wt, zz, TC_F16_2, True)
-            else:
-                lo, hi = _tc_asm(wt, zz, TC_F16_3, True)
-        else:
-            if J == 0:
-                lo, hi = _tc_asm(wt, zz, TC_BF16_0, False)
-            elif J == 1:
-                lo, hi = _tc_asm(wt, zz, TC_BF16_1, False)
-            elif J == 2:
-                lo, hi = _tc_asm(wt, zz, TC_BF16_2, False)
-            else:
-                lo, hi = _tc_asm(wt, zz, TC_BF16_3, False)
+        lo, hi = _tc_asm(wt, zz, TC_ASM[J + 4 * F16], F16)
     else:
         lo = (((wt >> (4 * J)) & 0xF) - z).to(tl.float32)
         hi = (((wt >> (4 * J + 16)) & 0xF) - z).to(tl.float32)
