@@ -145,7 +145,7 @@ W4_CONFIG = {
     # second program row's reads are likely L2 hits; not profiled). Removed.)
     # The tensor-core GEMV (`_w4_gemv_tc_kernel`) for gemv_tc_min_m to gemv_tc_max_m rows
     # (max 0: off), ahead of the kernels above and below where it applies (16-bit
-    # activations, 128-row K tiles inside a group, a shape class in gemv_tc_classes).
+    # activations, 128-row K tiles inside a group).
     # H200, 2026-12-03 (fifth session), the engine's AWQ decode forward
     # (benchmarks/engine_gemv_ab.py, variants in turn, one machine): B=2 2.83-2.84 against
     # 3.52 ms, B=4 2.96 against 4.38, B=6 3.17 against 4.54, B=8 3.20 against 4.55
@@ -153,13 +153,12 @@ W4_CONFIG = {
     # 4.63); B=12 / 16 5.27 / 5.28 against 4.65 / 4.69 for the tl.dot kernel below, so
     # the range ends at 8. At B=1 it loses: the step's GEMVs back to back 2.37 against
     # 1.87 ms (gate_up 37.9 against 31.1 us: one row cannot fill the MMA, the CUDA-core
-    # GEMV keeps more loads in flight), the small layers alone 2.28-2.30 against 2.20 ms
-    # in the engine. 64-column tiles, 16 programs an SM, 3 stages: at B=2 back to back
+    # GEMV keeps more loads in flight), and on the small layers (qkv, o) alone 2.28-2.30
+    # against 2.20 ms in the engine. 64-column tiles, 16 programs an SM, 3 stages: at B=2 back to back
     # 2.38 against 3.21 ms; 128 x 4 an SM (2 stages) 3.65, 2 stages at 64 columns 3.40
     # in the engine; 32 columns, 4 stages and 8 warps x 256 columns slower (BENCHMARKS.md).
     "gemv_tc_min_m": 2, "gemv_tc_max_m": 8, "gemv_tc_block_n": 64, "gemv_tc_warps": 4,
     "gemv_tc_stages": 3, "gemv_tc_programs_per_sm": 16,
-    "gemv_tc_classes": ("base", "wide", "deep"),
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -238,19 +237,13 @@ def _gemv_shape_config(cfg: dict, m: int, n: int, k: int, device: torch.device) 
     cannot serve a 37,888-wide projection, whose tiles alone fill the GPU, and an
     18,944-deep one, which needs split-K, equally well. Decided from what the split
     count already depends on (the shape and the rows), nothing measured at run time."""
-    cls = _gemv_class(cfg, m, n, k, device)
-    return {**cfg, **cfg[f"gemv_{cls}"]} if cls != "base" else cfg
-
-
-def _gemv_class(cfg: dict, m: int, n: int, k: int, device: torch.device) -> str:
-    """"wide", "deep" or "base" (`_gemv_shape_config`)."""
     wide, deep = cfg.get("gemv_wide"), cfg.get("gemv_deep")
     programs = triton.cdiv(n, cfg["gemv_block_n"]) * m   # program rows: one per input row
     if wide and programs >= _target(device, cfg, gemv=True):
-        return "wide"
+        return {**cfg, **wide}
     if deep and k >= cfg["gemv_deep_ratio"] * n:
-        return "deep"
-    return "base"
+        return {**cfg, **deep}
+    return cfg
 
 
 def _block_m(m: int, cfg: dict) -> int:
@@ -780,16 +773,13 @@ def _w4_gemv_tc_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, res_ptr, cnt
                  n_mask[:, None] & m_mask[None, :], HAS_BIAS, SPLITS_PAD, FUSED)
 
 
-def _tc_gemv_ok(m: int, n: int, k: int, group_size: int, dtype: torch.dtype,
-                device: torch.device) -> bool:
+def _tc_gemv_ok(m: int, k: int, group_size: int, dtype: torch.dtype) -> bool:
     """Whether the tensor-core GEMV takes this call: 16-bit activations, K tiles of 128
-    rows that stay inside one quantization group, a GEMV shape class it is on for."""
+    rows that stay inside one quantization group."""
     cfg = W4_CONFIG
     return (max(1, cfg["gemv_tc_min_m"]) <= m <= cfg["gemv_tc_max_m"]
             and dtype in (torch.bfloat16, torch.float16)
-            and k % 128 == 0 and (group_size >= k or group_size % 128 == 0)
-            and _gemv_class(cfg, min(m, cfg["gemv_max_m"]), n, k, device)
-            in cfg["gemv_tc_classes"])
+            and k % 128 == 0 and (group_size >= k or group_size % 128 == 0))
 
 
 def _w4_gemv_tc(x, qweight, scales, zeros, group_size, bias):
@@ -857,7 +847,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
-    if _tc_gemv_ok(m, n, k, group_size, x.dtype, x.device):
+    if _tc_gemv_ok(m, k, group_size, x.dtype):
         return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)
     gemv = m <= cfg["gemv_max_m"]
     if gemv:
