@@ -12,22 +12,6 @@ import pytest
 os.environ.setdefault("PAGEFLEET_CPU_THREADS", "1")
 
 
-# Test files whose tests share no module state: spread test by test over the workers.
-# Together they hold ~10 of the suite's ~16 CPU-minutes in a few long tests under the
-# Triton interpreter; run file by file (`--dist loadfile`), the two kernel files could
-# land on one worker and the suite took 15:48 against 9:26 for the same code.
-SPREAD = {"tests/server/test_kernels.py", "tests/server/test_quant_kernels.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Every other file is one xdist group (`--dist loadgroup`): all its tests on one
-    worker, in order, as `--dist loadfile` did. Runs before xdist reads the marks."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        if path not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(path))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
     try:
