@@ -27,7 +27,8 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
            kernel table of the whole run (PROFILE_LONGDOC=0: not profiled);
            longdoc_pick with attn's pick as PREFILL_CONFIG, longdoc_64x32 with 64 x 32 tiles,
            longdoc_no_ahead with page_ahead off in both attention kernels, longdoc_before
-           with the tiles shipped before 2026-12-02 (evening): 128 x 64, 4 warps, no page_ahead
+           with the tiles shipped before 2026-12-02 (evening): 128 x 64, 4 warps, no page_ahead;
+           longdoc_bs128 with --block-size 128, longdoc_bs128_tma the same with TMA tiles
   dattn    the decode kernel per DECODE_CONFIG variant, batch 1-256, contexts 768-16K
 The model is the Qwen2.5-7B shape with random weights (benchmarks/build_model.py).
 """
@@ -79,7 +80,7 @@ def phase_attn() -> dict:
         mod, fn = os.environ["PAGEFLEET_ATTN_BEFORE"].split(":")
         before_mod = importlib.import_module(mod)
         before = (before_mod, getattr(before_mod, fn))
-    hq, hk, d, bs = 28, 4, 128, 16
+    hq, hk, d = 28, 4, 128
     # (block_m, block_n, num_warps, num_stages, longest_first). 2026-12-02: a variant
     # that packed the 7 query heads of a KV head into one tile (K/V loaded once for 7)
     # ran 341 against 437 TFLOP/s at 8K over 16K: the kernel is bound by its math, not
@@ -89,55 +90,78 @@ def phase_attn() -> dict:
     # stage counts that the deeper pipeline may favour.
     # 2026-12-03: Triton's Hopper warp specialization (load warps feeding math warps)
     # on the unmasked key loop, with the shipped tiles and those it may favour.
+    # 2026-12-03 (seventh session): the cache's block size ("bs", the server's
+    # --block-size) and TMA tiles ("tma": a key tile is one bulk copy of one page, which
+    # needs pages of at least a tile).
     keys = ("block_m", "block_n", "num_warps", "num_stages", "longest_first", "page_ahead",
-            "warp_specialize")
-    variants = [dict(zip(keys, v))
-                for v in ((128, 128, 8, 3, True, True, False), (128, 128, 8, 3, True, True, True),
-                          (128, 128, 8, 2, True, True, True), (128, 128, 8, 3, True, False, True),
-                          (128, 64, 4, 3, True, False, True), (128, 64, 8, 3, True, False, True))]
+            "warp_specialize", "tma", "bs")
+    variants = [(128, 128, 8, 3, True, True, False, False, 16),
+                (128, 128, 8, 3, True, True, False, False, 128),
+                (128, 128, 8, 3, True, True, False, True, 128),
+                (128, 128, 8, 2, True, True, False, True, 128),
+                (128, 128, 8, 3, True, True, True, True, 128),
+                (128, 64, 4, 3, True, True, False, True, 128)]
     if os.environ.get("PAGEFLEET_ATTN_VARIANTS"):   # a JSON list of tuples in `keys` order
-        variants = [dict(zip(keys, v)) for v in json.loads(os.environ["PAGEFLEET_ATTN_VARIANTS"])]
+        variants = json.loads(os.environ["PAGEFLEET_ATTN_VARIANTS"])
+    # shorter tuples: the later keys as shipped (tma off, 16-token pages)
+    variants = [{"tma": False, "bs": 16, **dict(zip(keys, v))} for v in variants]
     base = dict(ta.PREFILL_CONFIG)
     res = []
     for q_len, ctx_len, nseq in ((512, 512, 16), (8192, 8192, 1), (8192, 16384, 1),
                                  (2048, 16384, 1)):
-        nb = nseq * (-(-ctx_len // bs)) + 4
+        # One set of keys and values per shape, paged at each block size, so every
+        # variant's output can be compared with the first one's.
         g = torch.Generator(device="cuda").manual_seed(q_len + ctx_len)
-        kc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        vc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        bt = torch.randperm(nb - 4, device="cuda").view(nseq, -1).int()
+        kl = torch.randn(nseq, ctx_len, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        vl = torch.randn(nseq, ctx_len, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = torch.randn(nseq * q_len, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         cu = torch.arange(nseq + 1, device="cuda", dtype=torch.int32) * q_len
         ctx = torch.full((nseq,), ctx_len, device="cuda", dtype=torch.int32)
-        q = torch.randn(nseq * q_len, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         start = ctx_len - q_len
         flops = 4 * nseq * hq * d * q_len * (start + (q_len + 1) / 2)
-        args = (q, kc, vc, cu, ctx, bt, d ** -0.5)
-        for var in variants:
-            row = {"q_len": q_len, "ctx": ctx_len, "nseq": nseq, **var}
-            for label, (mod, fn) in (("now", (ta, ta.paged_prefill_attention)),
-                                     ("before", before or (None, None))):
-                if fn is None:
-                    continue
-                mod.PREFILL_CONFIG.update(var)
-                try:
-                    out = fn(*args)
-                    ms = graph_ms(lambda: fn(*args), reps=3, n=8)
-                    row[f"{label}_ms"] = ms
-                    row[f"{label}_tflops"] = flops / (ms / 1e3) / 1e12
-                    if label == "now":
-                        row["flushed_ms"] = flushed_ms(lambda: fn(*args))
-                        row["flushed_tflops"] = flops / (row["flushed_ms"] / 1e3) / 1e12
-                    row[f"{label}_out"] = out
-                except Exception as e:  # noqa: BLE001 - a config that does not compile
-                    row[f"{label}_error"] = repr(e)[:300]
-                mod.PREFILL_CONFIG.clear()
-                mod.PREFILL_CONFIG.update(base)
-            a, b = row.pop("now_out", None), row.pop("before_out", None)
-            if a is not None and b is not None:
-                row["bit_identical"] = bool(torch.equal(a, b))
-                row["max_abs_diff"] = (a.float() - b.float()).abs().max().item()
-            log(f"attn {row}")
-            res.append(row)
+        first_out = None
+        for bs in sorted({v["bs"] for v in variants}):
+            per_seq = -(-ctx_len // bs)
+            nb = nseq * per_seq + 4
+            kc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            vc = torch.randn(nb, bs, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            bt = torch.randperm(nb - 4, device="cuda", generator=g).view(nseq, -1)
+            pad = per_seq * bs - ctx_len
+            for i in range(nseq):
+                kc[bt[i]] = torch.nn.functional.pad(kl[i], (0, 0, 0, 0, 0, pad)).view(per_seq, bs, hk, d)
+                vc[bt[i]] = torch.nn.functional.pad(vl[i], (0, 0, 0, 0, 0, pad)).view(per_seq, bs, hk, d)
+            args = (q, kc, vc, cu, ctx, bt.int(), d ** -0.5)
+            for var in (v for v in variants if v["bs"] == bs):
+                row = {"q_len": q_len, "ctx": ctx_len, "nseq": nseq, **var}
+                for label, (mod, fn) in (("now", (ta, ta.paged_prefill_attention)),
+                                         ("before", before or (None, None))):
+                    if fn is None:
+                        continue
+                    mod.PREFILL_CONFIG.update({k: v for k, v in var.items() if k != "bs"})
+                    try:
+                        out = fn(*args)
+                        ms = graph_ms(lambda: fn(*args), reps=3, n=8)
+                        row[f"{label}_ms"] = ms
+                        row[f"{label}_tflops"] = flops / (ms / 1e3) / 1e12
+                        if label == "now":
+                            row["flushed_ms"] = flushed_ms(lambda: fn(*args))
+                            row["flushed_tflops"] = flops / (row["flushed_ms"] / 1e3) / 1e12
+                        row[f"{label}_out"] = out
+                    except Exception as e:  # noqa: BLE001 - a config that does not compile
+                        row[f"{label}_error"] = repr(e)[:300]
+                    mod.PREFILL_CONFIG.clear()
+                    mod.PREFILL_CONFIG.update(base)
+                a, b = row.pop("now_out", None), row.pop("before_out", None)
+                if a is not None and b is not None:
+                    row["bit_identical"] = bool(torch.equal(a, b))
+                    row["max_abs_diff"] = (a.float() - b.float()).abs().max().item()
+                if a is not None:   # against the first variant's output, same keys
+                    if first_out is None:
+                        first_out = a
+                    row["same_as_first"] = bool(torch.equal(a, first_out))
+                    row["diff_to_first"] = (a.float() - first_out.float()).abs().max().item()
+                log(f"attn {row}")
+                res.append(row)
     # The pick: the least L2-flushed time over every shape (a candidate, for longdoc_pick).
     tot: dict[tuple, float] = {}
     for r in res:
@@ -166,7 +190,7 @@ def phase_dattn() -> dict:
     import torch
     from gpu_bench import median_ms
     from pagefleet.server.ops import triton_attention as ta
-    hq, hk, d, bs = 28, 4, 128, 16
+    hq, hk, d = 28, 4, 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = dict(ta.DECODE_CONFIG)
     res = []
@@ -394,7 +418,7 @@ def phase_host(eager_modules: bool = False, blas_lt: bool = False, **engine_kw) 
 
 
 def phase_longdoc(tiles: str = "shipped", override: dict | None = None,
-                  decode_override: dict | None = None) -> dict:
+                  decode_override: dict | None = None, **engine_kw) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -404,8 +428,8 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None,
     elif override:
         ta.PREFILL_CONFIG.update(override)
     ta.DECODE_CONFIG.update(decode_override or {})
-    eng, load_s, p = _engine(32768, 128)
-    res: dict = {"load_s": load_s}
+    eng, load_s, p = _engine(32768, 128, **engine_kw)
+    res: dict = {"load_s": load_s, "engine_kw": engine_kw}
     res["warm"] = _run_timed(eng, rand_prompts(5, 2, 16000), p, "warm")
     res["run"] = _run_timed(eng, rand_prompts(6, 16, 16000), p, "docs")
     res["run"]["out_tok_s"] = 16 * 128 / res["run"]["wall_s"]
@@ -433,7 +457,11 @@ PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (ph
           "longdoc_before": (lambda: phase_longdoc("before 2026-12-02 evening", dict(
               block_m=128, block_n=64, num_warps=4, num_stages=3, page_ahead=False)), 150),
           "longdoc_no_ahead": (lambda: phase_longdoc("no page_ahead", dict(page_ahead=False),
-                                                     dict(page_ahead=False)), 150)}
+                                                     dict(page_ahead=False)), 150),
+          # 128-token cache pages: one page id a key tile, then TMA tiles (seventh session)
+          "longdoc_bs128": (lambda: phase_longdoc("bs128", block_size=128), 150),
+          "longdoc_bs128_tma": (lambda: phase_longdoc("bs128 tma", dict(tma=True),
+                                                      block_size=128), 150)}
 
 
 def main() -> None:

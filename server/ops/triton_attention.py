@@ -77,7 +77,11 @@ PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 
                   # 2026-12-03 (profile_serving.py attn): 1.09 against 1.07 ms (8K over
                   # 8K), 3.12 against 3.17 (8K over 16K), 1.09 both (2K over 16K): no
                   # gain, off; with 128 x 64 tiles at 4 warps it does not compile.
-                  "warp_specialize": False}
+                  "warp_specialize": False,
+                  # Key and value tiles by TMA bulk copies (one box per tile) instead of
+                  # per-thread loads; only where a cache page holds whole key tiles
+                  # (--block-size a multiple of block_n). Under measurement (issue 9).
+                  "tma": False}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
@@ -391,16 +395,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 @triton.jit
 def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, d, dmask, kvh,
                   stride_cblk, stride_ctok, stride_ch, qk_scale, k_scale, v_scale,
-                  BS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr,
-                  MASKED: tl.constexpr):
+                  BS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
+                  F32: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
     """One online-softmax step over keys [start, start + BLOCK_N), whose cache pages
     (one per key) are `page`. MASKED: the causal mask and the context end apply; else
     every key is visible to every row of the tile and the selects are left out."""
     tok = start + tl.arange(0, BLOCK_N)
     tmask = tok < kv_end
-    off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
-    kv_mask = tmask[:, None] & dmask[None, :] if MASKED else dmask[None, :]
-    k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if TMA:
+        # kc_ptr / vc_ptr are tensor descriptors over the cache as [blocks x BS, kv heads
+        # x D]: a key tile is one box of one page (BS a multiple of BLOCK_N).
+        row0 = (page * BS + start % BS).to(tl.int32)
+        k = kc_ptr.load([row0, kvh * D])
+    else:
+        off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+        kv_mask = tmask[:, None] & dmask[None, :] if MASKED else dmask[None, :]
+        k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8:
         k = (k.to(tl.float32) * k_scale).to(q.dtype)
     # Raw scores; the scale (log2 e folded in) goes into the exponent's FMA below, not
@@ -417,7 +427,12 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, 
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s * qk_scale - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if TMA:
+        v = vc_ptr.load([row0, kvh * D])
+        if MASKED:   # past the context: whatever the page holds (may be NaN), not 0
+            v = tl.where(tmask[:, None], v, tl.zeros_like(v))
+    else:
+        v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8:
         v = (v.to(tl.float32) * v_scale).to(q.dtype)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
@@ -426,9 +441,16 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, 
 
 @triton.jit
 def _pages(bt_row, start, end, BS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The cache page of each key in [start, start + BLOCK_N) (0 past `end`)."""
-    tok = start + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row + tok // BS, mask=tok < end, other=0)
+    """The cache page of each key in [start, start + BLOCK_N) (0 past `end`). When a
+    page holds whole key tiles (BS a multiple of BLOCK_N; tiles start at multiples of
+    BLOCK_N), one scalar: the tile's addresses are then that page's base plus offsets
+    that do not change from tile to tile, instead of a page-id load and an address
+    product per key."""
+    if BS % BLOCK_N == 0:
+        return tl.load(bt_row + start // BS, mask=start < end, other=0)
+    else:
+        tok = start + tl.arange(0, BLOCK_N)
+        return tl.load(bt_row + tok // BS, mask=tok < end, other=0)
 
 
 @triton.jit(do_not_specialize=["num_seqs"],
@@ -440,7 +462,8 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
                     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                     FP8: tl.constexpr, F32: tl.constexpr, LONGEST_FIRST: tl.constexpr,
-                    PAGE_AHEAD: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr):
+                    PAGE_AHEAD: tl.constexpr, WARP_SPEC: tl.constexpr, TMA: tl.constexpr,
+                    PDL: tl.constexpr):
     pdl_wait(PDL)
     if LONGEST_FIRST:
         pid = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -494,13 +517,13 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, cu_ptr, ctx_ptr, bt_ptr, out_ptr,
             page = _pages(bt_row, start, full_end, BS, BLOCK_N)
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr,
                                       vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
-                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, False)
+                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, D, FP8, F32, TMA, False)
     # The diagonal tiles (a few per query tile).
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos,
                                       _pages(bt_row, start, kv_end, BS, BLOCK_N), kc_ptr,
                                       vc_ptr, d, dmask, kvh, stride_cblk, stride_ctok, stride_ch,
-                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, FP8, F32, True)
+                                      qk_scale, k_scale, v_scale, BS, BLOCK_N, D, FP8, F32, TMA, True)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + d[None, :],
@@ -526,8 +549,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_m = cfg["block_m"]
     tiles = total // block_m + num_seqs
     grid = (num_heads, tiles) if cfg["longest_first"] else (tiles, num_heads)
+    tma = _use_tma(cfg["tma"], k_cache, cfg["block_n"])
+    kc, vc = (_kv_descriptor(k_cache, cfg["block_n"]), _kv_descriptor(v_cache, cfg["block_n"])) \
+        if tma else (k_cache, v_cache)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out,
+        q, kc, vc, cu_seqlens_q, context_lens, block_tables, out,
         float(scale) * _LOG2E, float(k_scale), float(v_scale), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -535,6 +561,27 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BS=block_size, BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"], BLOCK_B=max(_pow2(num_seqs), PREFILL_SEQ_BLOCK), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
         LONGEST_FIRST=bool(cfg["longest_first"]), PAGE_AHEAD=bool(cfg["page_ahead"]),
-        WARP_SPEC=bool(cfg["warp_specialize"]),
+        WARP_SPEC=bool(cfg["warp_specialize"]), TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_opts())
     return out
+
+
+def _use_tma(want: bool, cache: torch.Tensor, block_n: int) -> bool:
+    """Key tiles by TMA (Hopper's bulk tensor copies) where asked and possible: a page
+    holds whole tiles, the head is one power-of-two box, and the GPU has TMA (or the
+    interpreter runs the kernel)."""
+    _, block_size, _, head_dim = cache.shape
+    if not want or block_size % block_n or head_dim != _pow2(head_dim) or head_dim < 16:
+        return False
+    if _INTERPRET:
+        return True
+    return cache.is_cuda and torch.cuda.get_device_capability(cache.device)[0] >= 9
+
+
+def _kv_descriptor(cache: torch.Tensor, block_n: int):
+    """A TMA descriptor over one layer's cache seen as [blocks x block_size, kv heads x
+    head_dim]: a key tile of one KV head is the box at (page x block_size + offset,
+    head x head_dim)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    nb, bs, hk, d = cache.shape
+    return TensorDescriptor.from_tensor(cache.view(nb * bs, hk * d), [block_n, d])

@@ -138,14 +138,23 @@ def main() -> int:
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
          "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
-         "WARP_SPEC": pf["warp_specialize"]},
+         "WARP_SPEC": pf["warp_specialize"], "TMA": False},
          pf["num_warps"], pf["num_stages"]),
         ("prefill attention, fp8 cache", ta._prefill_kernel,
          {**attn, "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv"}, {
          "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
          "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": True, "F32": False,
          "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
-         "WARP_SPEC": pf["warp_specialize"]},
+         "WARP_SPEC": pf["warp_specialize"], "TMA": False},
+         pf["num_warps"], pf["num_stages"]),
+        # 128-token pages: a key tile is one TMA box (tensor descriptors, not pointers)
+        ("prefill attention, TMA tiles", ta._prefill_kernel,
+         {**attn, "kc_ptr": f"tensordesc<bf16[{pf['block_n']}, 128]>",
+          "vc_ptr": f"tensordesc<bf16[{pf['block_n']}, 128]>"}, {
+         "GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 128, "BLOCK_M": pf["block_m"],
+         "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
+         "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
+         "WARP_SPEC": pf["warp_specialize"], "TMA": True},
          pf["num_warps"], pf["num_stages"]),
         ("fp8 act quant", tq._fp8_act_quant_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv"},
          {"STATIC": False, "BLOCK": f8["act_block"]}, 4, 2),
@@ -251,7 +260,7 @@ def metadata_dtype_costs_nothing(target, attn: dict, pf: dict) -> bool:
     cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
           "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False, "F32": False,
           "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
-          "WARP_SPEC": pf["warp_specialize"]}
+          "WARP_SPEC": pf["warp_specialize"], "TMA": False}
     aligned = ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot",
                "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
     try:
@@ -281,7 +290,7 @@ def attention_copies_stay_in_flight(target, attn: dict, pf: dict, dec: dict, dec
     attn_cx = {"GROUP": 7, "D": 128, "BLOCK_D": 128, "BS": 16, "BLOCK_M": pf["block_m"],
                "BLOCK_N": pf["block_n"], "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "FP8": False,
                "F32": False, "LONGEST_FIRST": True, "PAGE_AHEAD": pf["page_ahead"],
-               "WARP_SPEC": pf["warp_specialize"], "PDL": 1}
+               "WARP_SPEC": pf["warp_specialize"], "TMA": False, "PDL": 1}
     # Aligned as Triton specializes the real launches (16-byte pointers and strides):
     # otherwise the loads are not vectorized and there is no cp.async to look at.
     cases = [(ta._prefill_kernel, attn, attn_cx, pf, ["q_ptr", "kc_ptr", "vc_ptr", "out_ptr",
