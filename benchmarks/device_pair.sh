@@ -5,6 +5,8 @@
 # carry .vla), then carry .vlb .whl .whl-x: .whl-x holds the wheels pagefleet needs beyond
 # vLLM's (jsonschema-rs, xgrammar, apache-tvm-ffi from .whl-pf; benchmarks/README.md).
 # PAIR_TIMEOUTS="vllm pagefleet" bounds each server's run (s); results land as they come.
+# ONLINE_ARGS (e.g. "--workloads longdoc") goes to both servers' runs, PF_ARGS (e.g.
+# "--extra --block-size 128") to pagefleet's only.
 set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # vLLM took 131-142 s to start on these machines (2026-12-02); 275 s cut its 256-user phase once.
@@ -20,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 mkdir -p /tmp/pf/pagefleet && ln -sfn "$PWD/server" /tmp/pf/pagefleet/server
 PYTHONPATH=/tmp/site-pf:/tmp/pf PYTHONUNBUFFERED=1 timeout "$T_PF" python3 benchmarks/online_bench.py \
     --server pagefleet --model "$M" --out "$OUT/online_pagefleet.json" \
-    --server-log "$OUT/pagefleet_server.log" > "$OUT/pf.log" 2>&1
+    --server-log "$OUT/pagefleet_server.log" ${ONLINE_ARGS:-} ${PF_ARGS:-} > "$OUT/pf.log" 2>&1
 tail -11 "$OUT/vllm.log" | cut -c1-250
 tail -11 "$OUT/pf.log" | cut -c1-250
 echo "compiles while serving: $(grep -c 'while serving' "$OUT/pagefleet_server.log" 2>/dev/null)"

@@ -28,7 +28,8 @@ Phases (each in its own process with a timeout; $OUT/profile_<phase>.json):
            longdoc_pick with attn's pick as PREFILL_CONFIG, longdoc_64x32 with 64 x 32 tiles,
            longdoc_no_ahead with page_ahead off in both attention kernels, longdoc_before
            with the tiles shipped before 2026-12-02 (evening): 128 x 64, 4 warps, no page_ahead;
-           longdoc_bs128 with --block-size 128, longdoc_bs128_tma the same with TMA tiles
+           longdoc_bs128 with --block-size 128 without TMA tiles, longdoc_bs128_tma with them,
+           longdoc_bs16 with 16-token pages
   dattn    the decode kernel per DECODE_CONFIG variant, batch 1-256, contexts 768-16K
 The model is the Qwen2.5-7B shape with random weights (benchmarks/build_model.py).
 """
@@ -424,7 +425,9 @@ def phase_longdoc(tiles: str = "shipped", override: dict | None = None,
 
     from pagefleet.server.ops import triton_attention as ta
     if tiles == "pick" and (OUT / "attn_pick.json").exists():
-        ta.PREFILL_CONFIG.update(json.loads((OUT / "attn_pick.json").read_text()))
+        pick = json.loads((OUT / "attn_pick.json").read_text())
+        engine_kw["block_size"] = pick.pop("bs", 16)   # the cache's pages, for the engine
+        ta.PREFILL_CONFIG.update(pick)
     elif override:
         ta.PREFILL_CONFIG.update(override)
     ta.DECODE_CONFIG.update(decode_override or {})
@@ -458,10 +461,12 @@ PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (ph
               block_m=128, block_n=64, num_warps=4, num_stages=3, page_ahead=False)), 150),
           "longdoc_no_ahead": (lambda: phase_longdoc("no page_ahead", dict(page_ahead=False),
                                                      dict(page_ahead=False)), 150),
-          # 128-token cache pages: one page id a key tile, then TMA tiles (seventh session)
-          "longdoc_bs128": (lambda: phase_longdoc("bs128", block_size=128), 150),
+          # 128-token cache pages (the Hopper default since the seventh session): one page
+          # id a key tile, without and with TMA tiles; 16-token pages (the default before)
+          "longdoc_bs128": (lambda: phase_longdoc("bs128", dict(tma=False), block_size=128), 150),
           "longdoc_bs128_tma": (lambda: phase_longdoc("bs128 tma", dict(tma=True),
-                                                      block_size=128), 150)}
+                                                      block_size=128), 150),
+          "longdoc_bs16": (lambda: phase_longdoc("bs16", block_size=16), 150)}
 
 
 def main() -> None:

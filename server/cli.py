@@ -26,15 +26,17 @@ from pagefleet.server.config import (
 
 def machine_defaults() -> dict[str, str]:
     """What the by-device defaults resolve to here (for --help), without CUDA."""
-    from pagefleet.server.config import default_limits, probe_gpu_memory
+    from pagefleet.server.config import default_block_size, default_limits, probe_gpu
 
-    mem = probe_gpu_memory()
+    mem, cap = probe_gpu()
     where = f"a {mem / (1 << 30):.0f} GiB GPU" if mem else "no GPU"
     seqs, server = default_limits("server", mem)
     _, offline = default_limits("offline", mem)
+    arch = f"a GPU of compute capability {cap[0]}.{cap[1]}" if cap else "no GPU"
     return {"max_num_seqs": f"{seqs} on this machine ({where})",
             "max_num_batched_tokens": f"{server} for the server, {offline} for the offline "
-                                      f"LLM on this machine ({where})"}
+                                      f"LLM on this machine ({where})",
+            "block_size": f"{default_block_size(cap)} on this machine ({arch})"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),

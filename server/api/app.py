@@ -65,7 +65,7 @@ def build_app(served, server_cfg: ServerConfig, *,
                                max_num_queued_requests=server_cfg.max_num_queued_requests,
                                queue_timeout=server_cfg.queue_timeout,
                                max_logprobs=engine_cfg.max_logprobs)
-    metrics = ServerMetrics(name, async_engine, block_size=engine_cfg.block_size,
+    metrics = ServerMetrics(name, async_engine, block_size=served.ready.block_size,
                             num_blocks=served.ready.num_blocks,
                             enable_prefix_caching=engine_cfg.enable_prefix_caching,
                             cache_dtype=engine_cfg.kv_cache_dtype,

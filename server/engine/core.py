@@ -97,7 +97,9 @@ class EngineCore:
         device = resolve_device(config.device)
         gpu_mem = (torch.cuda.get_device_properties(device).total_memory
                    if device.type == "cuda" else None)
-        note = resolve_limits(config, usage, gpu_mem)
+        capability = (torch.cuda.get_device_capability(device) if device.type == "cuda"
+                      else None)
+        note = resolve_limits(config, usage, gpu_mem, capability)
         if note:
             log.info("%s", note)
         self.config = config

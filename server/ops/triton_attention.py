@@ -78,10 +78,15 @@ PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 
                   # 8K), 3.12 against 3.17 (8K over 16K), 1.09 both (2K over 16K): no
                   # gain, off; with 128 x 64 tiles at 4 warps it does not compile.
                   "warp_specialize": False,
-                  # Key and value tiles by TMA bulk copies (one box per tile) instead of
-                  # per-thread loads; only where a cache page holds whole key tiles
-                  # (--block-size a multiple of block_n). Under measurement (issue 9).
-                  "tma": False}
+                  # Key and value tiles by TMA bulk copies (one box a tile) instead of
+                  # per-thread loads, where a cache page holds whole key tiles
+                  # (--block-size 128) and the cache is 16- or 8-bit. H200, 2026-12-03
+                  # (seventh session, profile_serving.py attn, graph-replayed, 128-token
+                  # pages against the 16-token pages' per-key loads): 2.91-3.08 against
+                  # 3.08-3.15 ms (8K over 16K), 0.98 against 1.07 (8K over 8K), 1.01
+                  # against 1.09 (2K over 16K), bit-identical outputs; the 16-document
+                  # engine run 248-249 against 245-246 out tok/s.
+                  "tma": True}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
@@ -572,6 +577,8 @@ def _use_tma(want: bool, cache: torch.Tensor, block_n: int) -> bool:
     interpreter runs the kernel)."""
     _, block_size, _, head_dim = cache.shape
     if not want or block_size % block_n or head_dim != _pow2(head_dim) or head_dim < 16:
+        return False
+    if cache.element_size() > 2:   # float32 tiles: the boxes of 3 stages overflow shared memory
         return False
     if _INTERPRET:
         return True
