@@ -13,6 +13,7 @@ width (both static per captured graph).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -402,9 +403,10 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, 
                   stride_cblk, stride_ctok, stride_ch, qk_scale, k_scale, v_scale,
                   BS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
                   F32: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
-    """One online-softmax step over keys [start, start + BLOCK_N), whose cache pages
-    (one per key) are `page`. MASKED: the causal mask and the context end apply; else
-    every key is visible to every row of the tile and the selects are left out."""
+    """One online-softmax step over keys [start, start + BLOCK_N), whose cache pages are
+    `page` (one per key, or the tile's one page: `_pages`). MASKED: the causal mask and
+    the context end apply; else every key is visible to every row of the tile and the
+    selects are left out. TMA: kc_ptr / vc_ptr are tensor descriptors (`_kv_descriptor`)."""
     tok = start + tl.arange(0, BLOCK_N)
     tmask = tok < kv_end
     if TMA:
@@ -582,7 +584,14 @@ def _use_tma(want: bool, cache: torch.Tensor, block_n: int) -> bool:
         return False
     if _INTERPRET:
         return True
-    return cache.is_cuda and torch.cuda.get_device_capability(cache.device)[0] >= 9
+    return cache.is_cuda and _has_tma(cache.device.index if cache.device.index is not None
+                                      else torch.cuda.current_device())
+
+
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    """Hopper and later (asked once per device: this runs for every layer of a step)."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def _kv_descriptor(cache: torch.Tensor, block_n: int):
