@@ -13,7 +13,8 @@ What runs here, in one background thread with its own event loop:
 - `Kubelet`: plays the Deployment/ReplicaSet controllers and the kubelet. For each
   Deployment it creates Pods (pod-template-hash, owner reference), runs each pod's
   container as a real process from the image's ENTRYPOINT (read from the Dockerfile),
-  gives each pod its own loopback IP (127.0.1.N: 0.0.0.0 in args binds the pod's IP,
+  gives each pod its own loopback IP (127.0.1.N; 127.0.(2+W).N under pytest-xdist
+  worker gwW, so two workers' clusters never meet: 0.0.0.0 in args binds the pod's IP,
   so every server keeps port 8000), probes readiness, rolls updates with the
   Deployment's maxSurge/maxUnavailable, terminates pods like Kubernetes (endpoint
   removal, preStop, SIGTERM, grace period, SIGKILL), and writes Deployment status.
@@ -417,6 +418,20 @@ def _int_or_percent(value: Any, total: int, round_up: bool) -> int:
     return int(value)
 
 
+def pod_subnet() -> str:
+    """The /24 of loopback this process's pods take: 127.0.1 in a plain run; under
+    pytest-xdist, 127.0.(2 + N) for worker gwN, so two workers' clusters (each pod's
+    server on port 8000) never share an address."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    m = re.fullmatch(r"gw(\d+)", worker)
+    if not m:
+        return "127.0.1"
+    n = int(m.group(1))
+    if n > 253:
+        raise RuntimeError(f"no loopback /24 left for xdist worker {worker}")
+    return f"127.0.{2 + n}"
+
+
 class PodRun:
     def __init__(self, namespace: str, name: str, owner: str, hash_: str, ip: str,
                  pod: dict[str, Any]) -> None:
@@ -441,7 +456,7 @@ class Kubelet:
         self.pods: dict[tuple[str, str], PodRun] = {}
         self.images = default_images()
         self.image_fs = image_filesystem()
-        self.ips = (f"127.0.1.{i}" for i in itertools.count(2))
+        self.ips = (f"{pod_subnet()}.{i}" for i in itertools.count(2))
         self.finished: list[PodRun] = []
         self.terminations: set[asyncio.Task[None]] = set()
         self.errors: list[str] = []
