@@ -1,0 +1,184 @@
+"""int4 (AWQ / GPTQ) weight-only GEMM kernels against their torch twins under
+TRITON_INTERPRET=1: the GEMV, the tl.dot kernels, dequantize-then-matmul, multi-group
+GEMV tiles, the launch shape classes, split-K, and the tensor-core GEMV. Shapes and
+tolerances: tests/server/kernel_helpers.py; the GEMV's load placements:
+test_quant_kernels_w4_gemv_loads.py."""
+
+from __future__ import annotations
+
+import pytest
+
+# kernel_helpers first: it sets TRITON_INTERPRET=1 before anything imports triton.
+from tests.server.kernel_helpers import (TOL, int4_case, quant_small_tiles,
+                                         record_launches, rel_err, torch, triton_quant)
+from pagefleet.server.ops import quant
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    quant_small_tiles(monkeypatch)
+
+
+W4_CASES = [
+    # rows, K, N, group (K = one group per column), zeros
+    (1, 64, 32, 32, True),
+    (1, 200, 40, 128, True),     # K not a multiple of the group; N not of the tile
+    (2, 96, 24, 96, False),      # one group per column (-1), symmetric
+    (3, 136, 24, 64, True),      # short last group
+    (17, 64, 40, 32, False),     # rows not a multiple of the block
+]
+
+
+# The GEMV runs one program row per input row: it is tested at small batches only.
+# "dequant": the whole weight dequantized by its kernel, then a plain matmul (prefill).
+@pytest.mark.parametrize("case,path", [(c, p) for c in W4_CASES
+                                       for p in ("gemv", "gemv_xvec", "gemm", "gemm_planes",
+                                                 "dequant")
+                                       if not p.startswith("gemv") or c[0] <= 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_w4a16(case, dtype, path, monkeypatch):
+    m, k, n, group, zeros = case
+    # gemv_xvec: the GEMV with each word row's 8 activations in one vector load
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", path == "gemv_xvec")
+    # gemm_planes: the tl.dot kernel with each word loaded once and split into nibble planes
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemm_planes", path == "gemm_planes")
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16 if path.startswith("gemv") else 0)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "dequant_min_m", 1 if path == "dequant" else 10 ** 9)
+    x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m * 1000 + k + n)
+    out = triton_quant.w4a16_linear(x, qw, s, z, group, b)
+    ref = quant.w4a16_linear(x.float(), qw, s, z, group, b.float())
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case", W4_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_w4_dequantize_is_the_twins_bit_for_bit(case, dtype):
+    """Nibbles read through the float bit trick, not an int-to-float conversion: the
+    same float32 values, every nibble position, every zero point (bfloat16 within its
+    rounding: the interpreter's float32 -> bfloat16 conversion is not round-to-nearest)."""
+    _, k, n, group, zeros = case
+    _, qw, s, z, _ = int4_case(1, k, n, group, zeros, dtype, seed=k + n)
+    out = triton_quant.w4_dequantize(qw, s, z, group, dtype)
+    ref = quant.w4_dequantize(qw, s, z, group, dtype)
+    if dtype == torch.float32:
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out, ref, rtol=2 ** -7, atol=0)
+
+
+@pytest.mark.parametrize("k,group,block_k", [(200, 32, 64), (136, 32, 128), (256, 64, 128),
+                                             (96, 16, 64)])
+@pytest.mark.parametrize("zeros", [True, False])
+@pytest.mark.parametrize("xvec", [False, True])
+def test_w4_gemv_tile_spans_groups(k, group, block_k, zeros, xvec, monkeypatch):
+    """A GEMV tile of several groups (one scale row per slice): K ending inside a slice
+    and slices wholly past K, with and without split-K; activations loaded a scalar at a
+    time or a word row's 8 at once (`gemv_xvec`)."""
+    assert triton_quant._gemv_tile(block_k, group, k) == (block_k, block_k // group)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_xvec", xvec)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 16)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_block_k", block_k)
+    x, qw, s, z, b = int4_case(2, k, 40, group, zeros, torch.float32, seed=k + group)
+    ref = quant.w4a16_linear(x, qw, s, z, group, b)
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, group, b), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("m,k,n,tiles", [
+    (1, 64, 96, 12),    # wide: 6 tiles of 16 fill the target of 6 -> 8-column tiles
+    (2, 64, 48, 12),    # wide by its rows: 3 tiles x 2 rows
+    (1, 256, 40, 2),    # deep: K >= 4 N -> 32-column tiles
+    (1, 96, 40, 3),     # neither: the base 16-column tiles
+    (1, 512, 96, 12),   # wide and deep (512 >= 4 x 96): wide wins
+])
+def test_w4_gemv_launch_config_follows_the_layer_shape(m, k, n, tiles, monkeypatch):
+    """W4_CONFIG's gemv_wide / gemv_deep: the shape class picks the launch (the recorded
+    output tiles show which), and each class's output is the twin's."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 2)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", 6)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_wide", {"gemv_block_n": 8, "gemv_warps": 2})
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_deep", {"gemv_block_n": 32})
+    launches = record_launches(monkeypatch)
+    x, qw, s, z, b = int4_case(m, k, n, 32, True, torch.float32, seed=m + k + n)
+    out = triton_quant.w4a16_linear(x, qw, s, z, 32, b)
+    assert launches == [tiles]
+    assert rel_err(out, quant.w4a16_linear(x, qw, s, z, 32, b)) <= 1e-5
+
+
+@pytest.mark.parametrize("planes", [False, True])
+def test_w4a16_split_k_and_single_split_agree(planes, monkeypatch):
+    """Split-K (summed by the last program) against one split, GEMV and tl.dot paths
+    (`gemm_planes`: the word-once tl.dot kernel)."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemm_planes", planes)
+    x, qw, s, z, b = int4_case(2, 256, 32, 32, True, torch.float32, 7)
+    ref = quant.w4a16_linear(x, qw, s, z, 32, b)
+    for path in (0,) if planes else (16, 0):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", path)
+        for target in (1, 1000):
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+            tiles = 2 * 2 if path else 2
+            assert (triton_quant._splits(tiles, 256, 32, x.device, triton_quant.W4_CONFIG)[0] > 1) \
+                == (target == 1000)
+            assert rel_err(triton_quant.w4a16_linear(x, qw, s, z, 32, b), ref) <= 1e-5
+
+
+TC_CASES = [
+    # rows, K, N, group (K: one group a column), zeros
+    (1, 256, 40, 128, True),     # N not a multiple of the tile
+    (2, 384, 64, 384, False),    # one group a column, symmetric
+    (9, 256, 72, 256, True),     # 16-row operand
+    (16, 128, 32, 128, False),
+]
+
+
+@pytest.mark.parametrize("case", TC_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4_tensor_core_gemv(case, dtype, monkeypatch):
+    """The tensor-core GEMV (`_w4_gemv_tc_kernel`, the interpreter's twin of its inline
+    PTX): the twin's result with one split and many, split-K summed in the kernel and
+    after, a bias and none; the call really took it."""
+    m, k, n, group, zeros = case
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_min_m", 1)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_max_m", 16)
+    calls = []
+    tc = triton_quant._w4_gemv_tc
+    monkeypatch.setattr(triton_quant, "_w4_gemv_tc", lambda *a: calls.append(1) or tc(*a))
+    x, qw, s, z, b = int4_case(m, k, n, group, zeros, dtype, seed=m + k + n)
+    for target in (1, 1000):
+        monkeypatch.setitem(triton_quant.W4_CONFIG, "target_programs", target)
+        for fused in (False, True):
+            monkeypatch.setitem(triton_quant.W4_CONFIG, "fused_reduce", fused)
+            for bias in (b, None):
+                out = triton_quant.w4a16_linear(x, qw, s, z, group, bias)
+                ref = quant.w4a16_linear(x.float(), qw, s, z, group,
+                                         None if bias is None else bias.float())
+                assert out.dtype == dtype and out.shape == (m, n)
+                assert rel_err(out, ref) <= TOL[dtype]
+    assert len(calls) == 8
+
+
+@pytest.mark.parametrize("m,k,group,dtype,takes", [
+    (2, 256, 128, torch.bfloat16, True),
+    (16, 256, -1, torch.float16, True),
+    (1, 256, 128, torch.bfloat16, False),     # below gemv_tc_min_m
+    (17, 256, 128, torch.bfloat16, False),    # past gemv_tc_max_m
+    (2, 200, 200, torch.bfloat16, False),     # K not a multiple of 128
+    (2, 256, 64, torch.bfloat16, False),      # a 128-row tile would span two groups
+    (2, 256, 128, torch.float32, False),      # float32 activations
+])
+def test_w4_tensor_core_gemv_takes_only_what_it_can(m, k, group, dtype, takes, monkeypatch):
+    """Calls outside the tensor-core GEMV's reach go to the other paths, with the twin's
+    result either way."""
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_min_m", 2)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_tc_max_m", 16)
+    monkeypatch.setitem(triton_quant.W4_CONFIG, "gemv_max_m", 2)
+    calls = []
+    tc = triton_quant._w4_gemv_tc
+    monkeypatch.setattr(triton_quant, "_w4_gemv_tc", lambda *a: calls.append(1) or tc(*a))
+    g = k if group == -1 else group
+    x, qw, s, z, b = int4_case(m, k, 40, g, True, dtype, seed=m + k)
+    out = triton_quant.w4a16_linear(x, qw, s, z, g, b)
+    assert bool(calls) == takes
+    assert rel_err(out, quant.w4a16_linear(x.float(), qw, s, z, g, b.float())) <= TOL[dtype]
