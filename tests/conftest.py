@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -21,6 +22,17 @@ def _one_torch_thread():
     torch.set_num_threads(int(os.environ["PAGEFLEET_CPU_THREADS"]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _triton_interpreter_once():
+    """Interpreted Triton kernels (TRITON_INTERPRET=1) without redundant work per
+    helper call and per op (tests/triton_interpreter.py). After collection, where the kernel test
+    modules have set TRITON_INTERPRET and imported triton: importing triton before that
+    would make its standard library compiled, not interpreted, functions."""
+    if "triton" in sys.modules and not os.environ.get("PAGEFLEET_TRITON_INTERPRETER_AS_IS"):
+        from tests import triton_interpreter
+        triton_interpreter.install()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """arch -> model dir; built lazily, once per session."""
@@ -36,3 +48,96 @@ def tiny_models(tmp_path_factory):
         return built[name]
 
     return get
+
+
+# -- spreading the suite over the xdist workers ----------------------------------------------
+#
+# `-n 2 --dist loadfile` (pyproject addopts) runs each test file on one worker: module
+# fixtures (servers, e2e clusters) start once and e2e tests keep their order. A worker
+# that runs dry takes the next file. Two things decide the wall time on the 2-core CI
+# machine: the longest files must start first (a long file taken last runs alone), and
+# the end must be made of small pieces. So, for loadfile runs:
+# - the files below start in order of FILE_SECONDS, longest first (the others after);
+# - the Triton kernel tests (SPREAD: no module state, a third of the suite's CPU time, all
+#   interpreted) come last, each test a work unit of its own, so both workers finish
+#   within a test of each other.
+
+SPREAD = ("tests/server/test_kernels_", "tests/server/test_quant_kernels_")
+
+# Seconds each file took in a full run (2 workers, 2-core machine, 2026-12-03); files
+# under ~5 s are left out. Only the order depends on these: stale values cost time, not
+# correctness.
+FILE_SECONDS = {
+    "tests/server/test_tensor_parallel.py": 88,
+    "tests/server/test_hostile.py": 58,
+    "e2e/test_user_path.py": 54,
+    "tests/server/test_serve_cli.py": 44,
+    "tests/gateway/test_e2e_pools.py": 42,
+    "e2e/test_scale_from_zero.py": 35,
+    "tests/gateway/test_e2e_admission.py": 34,
+    "tests/server/test_parity.py": 31,
+    "tests/server/test_api_load.py": 29,
+    "tests/operator/test_e2e_reconcile.py": 28,
+    "tests/server/test_api_parity.py": 26,
+    "tests/operator/test_e2e_production.py": 26,
+    "tests/server/test_lm_eval.py": 22,
+    "tests/gateway/test_e2e_failover.py": 21,
+    "tests/server/test_api.py": 20,
+    "tests/server/test_quant_config.py": 20,
+    "tests/deploy/test_chart.py": 18,
+    "tests/operator/test_ha.py": 18,
+    "tests/server/test_async_scheduling.py": 16,
+    "tests/operator/test_e2e_autoscale.py": 11,
+    "tests/server/test_quant_engine.py": 11,
+    "tests/server/test_schema_fuzz.py": 11,
+    "tests/server/test_structured_output.py": 10,
+    "tests/server/test_demo_model.py": 9,
+    "tests/operator/test_cli.py": 9,
+    "tests/operator/test_inferencepool.py": 6,
+    "tests/gateway/test_e2e_affinity.py": 6,
+    "tests/server/test_bench_serve.py": 5,
+    # SPREAD files: the order their tests are handed out in, longest first
+    "tests/server/test_kernels_warmup.py": 91,
+    "tests/server/test_kernels_prefill.py": 70,
+    "tests/server/test_kernels_model.py": 65,
+    "tests/server/test_quant_kernels_w4_gemv_loads.py": 62,
+    "tests/server/test_quant_kernels_fp8.py": 37,
+    "tests/server/test_quant_kernels_w4.py": 31,
+    "tests/server/test_quant_kernels_split_k.py": 23,
+    "tests/server/test_kernels_decode.py": 22,
+    "tests/server/test_kernels_compile.py": 10,
+}
+
+
+def _spread(nodeid: str) -> bool:
+    return nodeid.startswith(SPREAD)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In xdist workers: the order above (the scheduler below hands out work units in
+    the workers' collection order). A run without xdist keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {id(item): i for i, item in enumerate(items)}
+
+    def key(item):
+        path = item.nodeid.split("::", 1)[0]
+        return _spread(item.nodeid), -FILE_SECONDS.get(path, 0), rank[id(item)]
+
+    items.sort(key=key)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """loadfile, with each test of a SPREAD file a work unit of its own and the work
+    units in collection order (not xdist's default: most tests first)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SpreadKernelTests(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if _spread(nodeid) else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return SpreadKernelTests(config, log)
