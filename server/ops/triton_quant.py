@@ -678,12 +678,16 @@ TC_ASM = tl.constexpr(tuple(_tc_pair_asm(j, f16).value for f16 in (False, True)
 
 
 @triton.jit
-def _tc_asm(wt, zz, asm: tl.constexpr, F16: tl.constexpr):
+def _tc_asm(wt, zz, J: tl.constexpr, F16: tl.constexpr):
+    """The tuple is indexed here and its string handed straight to the builtin: Triton
+    3.6 passes an indexed constexpr tuple's item on as a bare `str`, which a call to
+    another jit function rejects ("'str' object has no attribute 'type'"; 3.9 accepts
+    it). The AWQ engine failed to compile under 3.6 that way (H200, 2026-12-03)."""
     if F16:
-        lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,r,r", [wt, zz],
+        lo, hi = tl.inline_asm_elementwise(TC_ASM[J + 4], "=h,=h,r,r", [wt, zz],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     else:
-        lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,r,r", [wt, zz],
+        lo, hi = tl.inline_asm_elementwise(TC_ASM[J], "=h,=h,r,r", [wt, zz],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
                                            pack=1)
     return lo, hi
@@ -697,7 +701,7 @@ def _w4_tc_pair(wt, zz, z, J: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr
     half words); else (the interpreter, which runs no PTX) the same values by integer
     arithmetic (`z`: int32 zero points)."""
     if ASM:
-        lo, hi = _tc_asm(wt, zz, TC_ASM[J + 4 * F16], F16)
+        lo, hi = _tc_asm(wt, zz, J, F16)
     else:
         lo = (((wt >> (4 * J)) & 0xF) - z).to(tl.float32)
         hi = (((wt >> (4 * J + 16)) & 0xF) - z).to(tl.float32)
