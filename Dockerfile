@@ -41,8 +41,13 @@ ENTRYPOINT ["pagefleet", "operator"]
 # ---------------------------------------------------------------- server
 # PyPI's Linux torch wheel is the CUDA build: it brings the CUDA runtime, cuBLAS,
 # cuDNN, NCCL and triton as nvidia-* wheels; the node provides only the driver.
+# torch 2.11.0 brings Triton 3.6.0, the pair every GPU measurement and parity check in
+# BENCHMARKS.md ran on. torch 2.13.0 (Triton 3.9.0) serves correctly (GPU parity equal to
+# HF) with bf16 and attention as fast, but compiles the quantized decode kernels slower:
+# H200, 2026-12-03, same machine and build, GPU ms a step: AWQ B=1 2.69 against 2.50, B=2
+# 4.84 against 3.18, B=8 5.86 against 3.51; fp8 B=1 2.72 against 2.54.
 FROM base AS server
-ARG TORCH_VERSION=2.13.0
+ARG TORCH_VERSION=2.11.0
 RUN pip install \
       "torch==${TORCH_VERSION}" \
       "transformers==5.24.0" \
