@@ -15,6 +15,12 @@ import triton.language as tl
 # the GPU path does), which leaves the tested function unchanged.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+# a * b + c as one FMA: Triton's default through 3.9, which warns that 3.10 will stop
+# fusing unless asked. Every kernel here was timed and parity-checked against HF with
+# fusion on (e.g. the attention kernels' scale rides in the exponent's FMA), so a Triton
+# upgrade must not change the arithmetic silently. An explicit setting still wins.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 _SM_COUNT: dict[int, int] = {}
 
 
