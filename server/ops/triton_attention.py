@@ -86,7 +86,10 @@ PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 
                   # pages against the 16-token pages' per-key loads): 2.91-3.08 against
                   # 3.08-3.15 ms (8K over 16K), 0.98 against 1.07 (8K over 8K), 1.01
                   # against 1.09 (2K over 16K), bit-identical outputs; the 16-document
-                  # engine run 248-249 against 245-246 out tok/s.
+                  # engine run 248-249 against 245-246 out tok/s. (FlashAttention-3's
+                  # in-warpgroup order in Gluon, S[j] in flight across the softmax, with
+                  # these TMA tiles: bit-identical and slower, 2.98 against 2.89 ms at 8K
+                  # over 16K; eighth session, results/2026-12-03h-gluon-prefill-tma.patch.)
                   "tma": True}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
