@@ -21,10 +21,30 @@ if _spec is None or not _spec.origin:
 PTXAS = Path(_spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
+# The server image's Triton (torch 2.11.0's 3.6.0, Dockerfile), installed beside the
+# test Triton by .ci/run (`pip install --no-deps --target .ci/triton36 triton==3.6.0`):
+# code that 3.9 compiles and 3.6 refuses stopped the AWQ engine on the H200 once
+# (BENCHMARKS.md, 2026-12-03, eighth session).
+TRITON36 = Path(__file__).resolve().parents[2] / ".ci" / "triton36"
+
+
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build ships no ptxas")
-def test_kernels_compile_for_hopper() -> None:
+@pytest.mark.parametrize("triton_dir", [None, TRITON36], ids=["test-triton", "triton-3.6"])
+def test_kernels_compile_for_hopper(triton_dir: Path | None) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    if triton_dir is not None:
+        if not (triton_dir / "triton").is_dir():
+            pytest.skip(f"no Triton in {triton_dir} (.ci/run installs 3.6.0 there)")
+        # (no empty entry: it would put the working directory, whose operator/ package
+        # shadows the standard library's, on the path)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(triton_dir), env.get("PYTHONPATH"))
+                                            if p)
     script = Path(__file__).with_name("compile_sm90.py")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+                          timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == 31, proc.stdout   # every case in compile_sm90
+    if triton_dir is not None:   # the compile ran under that Triton, not the test one
+        probe = subprocess.run([sys.executable, "-c", "import triton; print(triton.__file__)"],
+                               capture_output=True, text=True, env=env, timeout=120)
+        assert probe.stdout.strip().startswith(str(triton_dir)), probe.stdout + probe.stderr
