@@ -50,7 +50,9 @@ import kmock
 import yaml
 from kmock._internal import apps, dicts, enums
 
-from e2e import smp
+from e2e import kmock_memo, smp
+
+kmock_memo.install()   # matching without re-checking the whole request history (kmock_memo.py)
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "e2e-admin"

@@ -33,6 +33,45 @@ def _triton_interpreter_once():
         triton_interpreter.install()
 
 
+def _one_httpx_ssl_context() -> None:
+    """One default SSL context for the httpx clients of a test process. httpx builds a
+    context (certifi's or SSL_CERT_FILE's CA bundle: ~28 ms of CPU) for every client, and
+    `httpx.get` is a client per call: the tests' polling loops (/metrics, /health, the
+    e2e cluster's waits, every 50 ms) spent about half a core on contexts for plain-HTTP
+    loopback servers. Only the default context (verify=True, no client certificate) is
+    shared, one per (trust_env, SSL_CERT_FILE, SSL_CERT_DIR), the inputs httpx builds it
+    from; it is what each call would build (httpx never changes it; httpcore sets ALPN
+    on it, per connection, only for TLS connections, which no test makes). Done when
+    this conftest is imported, so that in a run that collects tests/ (the suite's) it
+    holds for every test of the process, the e2e files' too: they are outside tests/,
+    where a session fixture of this conftest would not run for them.
+    PAGEFLEET_HTTPX_SSL_AS_IS=1 leaves httpx alone."""
+    if os.environ.get("PAGEFLEET_HTTPX_SSL_AS_IS"):
+        return
+    try:
+        from httpx._transports import default
+    except ImportError:
+        return
+    create = getattr(default, "create_ssl_context", None)
+    if create is None or getattr(create, "_pagefleet_shared", False):
+        return
+    shared: dict = {}
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is not True or cert is not None:
+            return create(verify=verify, cert=cert, trust_env=trust_env)
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if key not in shared:
+            shared[key] = create(verify=verify, cert=cert, trust_env=trust_env)
+        return shared[key]
+
+    create_ssl_context._pagefleet_shared = True
+    default.create_ssl_context = create_ssl_context
+
+
+_one_httpx_ssl_context()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """arch -> model dir; built lazily, once per session."""
@@ -65,21 +104,21 @@ def tiny_models(tmp_path_factory):
 SPREAD = ("tests/server/test_kernels_", "tests/server/test_quant_kernels_")
 
 # Seconds each file took in a full run (2 workers, 2-core machine, 2026-12-03); files
-# under ~5 s are left out. Only the order depends on these: stale values cost time, not
+# under ~5 s are left out. The four kmock-cluster files (e2e/, tests/operator/test_e2e_*
+# but autoscale) are those seconds scaled by what e2e/kmock_memo.py saved them in a run
+# of tests/operator, tests/gateway and e2e (their time with it over their time without). Only the order depends on these: stale values cost time, not
 # correctness.
 FILE_SECONDS = {
     "tests/server/test_tensor_parallel.py": 88,
     "tests/server/test_hostile.py": 58,
-    "e2e/test_user_path.py": 54,
     "tests/server/test_serve_cli.py": 44,
     "tests/gateway/test_e2e_pools.py": 42,
-    "e2e/test_scale_from_zero.py": 35,
+    "e2e/test_user_path.py": 34,
     "tests/gateway/test_e2e_admission.py": 34,
     "tests/server/test_parity.py": 31,
     "tests/server/test_api_load.py": 29,
-    "tests/operator/test_e2e_reconcile.py": 28,
     "tests/server/test_api_parity.py": 26,
-    "tests/operator/test_e2e_production.py": 26,
+    "e2e/test_scale_from_zero.py": 24,
     "tests/server/test_lm_eval.py": 22,
     "tests/gateway/test_e2e_failover.py": 21,
     "tests/server/test_api.py": 20,
@@ -90,12 +129,14 @@ FILE_SECONDS = {
     "tests/operator/test_e2e_autoscale.py": 11,
     "tests/server/test_quant_engine.py": 11,
     "tests/server/test_schema_fuzz.py": 11,
+    "tests/operator/test_e2e_production.py": 10,
     "tests/server/test_structured_output.py": 10,
     "tests/server/test_demo_model.py": 9,
     "tests/operator/test_cli.py": 9,
     "tests/operator/test_inferencepool.py": 6,
     "tests/gateway/test_e2e_affinity.py": 6,
     "tests/server/test_bench_serve.py": 5,
+    "tests/operator/test_e2e_reconcile.py": 5,
     # SPREAD files: the order their tests are handed out in, longest first
     "tests/server/test_kernels_warmup.py": 91,
     "tests/server/test_kernels_prefill.py": 70,
