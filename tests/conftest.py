@@ -138,6 +138,9 @@ FILE_SECONDS = {
     "tests/server/test_bench_serve.py": 5,
     "tests/operator/test_e2e_reconcile.py": 5,
     # SPREAD files: the order their tests are handed out in, longest first
+    # two sm_90 compiles of every kernel (~45 s of CPU each on a fresh machine, no
+    # Triton cache): first, so neither is the last unit of a worker
+    "tests/server/test_kernels_compile.py": 95,
     "tests/server/test_kernels_warmup.py": 91,
     "tests/server/test_kernels_prefill.py": 70,
     "tests/server/test_kernels_model.py": 65,
@@ -146,7 +149,6 @@ FILE_SECONDS = {
     "tests/server/test_quant_kernels_w4.py": 31,
     "tests/server/test_quant_kernels_split_k.py": 23,
     "tests/server/test_kernels_decode.py": 22,
-    "tests/server/test_kernels_compile.py": 10,
 }
 
 
