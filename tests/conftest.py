@@ -124,8 +124,8 @@ SPREAD = ("tests/server/test_kernels_", "tests/server/test_quant_kernels_")
 # Seconds each file took in a full run (2 workers, 2-core machine, 2026-12-03); files
 # under ~5 s are left out. The four kmock-cluster files (e2e/, tests/operator/test_e2e_*
 # but autoscale) are those seconds scaled by what e2e/kmock_memo.py saved them in a run
-# of tests/operator, tests/gateway and e2e (their time with it over their time without). Only the order depends on these: stale values cost time, not
-# correctness.
+# of tests/operator, tests/gateway and e2e (their time with it over their time
+# without). Only the order depends on these: stale values cost time, not correctness.
 FILE_SECONDS = {
     "tests/server/test_tensor_parallel.py": 88,
     "tests/server/test_hostile.py": 58,
