@@ -30,6 +30,7 @@ def signature(fn, ptrs: dict[str, str], constexprs: dict) -> dict[str, str]:
 
 
 def main() -> int:
+    print(f"triton {triton.__version__} from {triton.__file__}")   # which one compiled
     target = GPUTarget("cuda", 90, 32)
     w4, f8, pf = tq.W4_CONFIG, tq.FP8_CONFIG, ta.PREFILL_CONFIG
     # cu_seqlens and context lengths arrive as int64, as the runner stages them

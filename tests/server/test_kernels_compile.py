@@ -45,6 +45,4 @@ def test_kernels_compile_for_hopper(triton_dir: Path | None) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == 31, proc.stdout   # every case in compile_sm90
     if triton_dir is not None:   # the compile ran under that Triton, not the test one
-        probe = subprocess.run([sys.executable, "-c", "import triton; print(triton.__file__)"],
-                               capture_output=True, text=True, env=env, timeout=120)
-        assert probe.stdout.strip().startswith(str(triton_dir)), probe.stdout + probe.stderr
+        assert f"from {triton_dir}{os.sep}" in proc.stdout.splitlines()[0], proc.stdout[:300]
