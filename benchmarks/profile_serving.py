@@ -466,7 +466,12 @@ PHASES = {"attn": (phase_attn, 150), "waves": (phase_waves, 150), "sampled": (ph
           "longdoc_bs128": (lambda: phase_longdoc("bs128", dict(tma=False), block_size=128), 150),
           "longdoc_bs128_tma": (lambda: phase_longdoc("bs128 tma", dict(tma=True),
                                                       block_size=128), 150),
-          "longdoc_bs16": (lambda: phase_longdoc("bs16", block_size=16), 150)}
+          "longdoc_bs16": (lambda: phase_longdoc("bs16", block_size=16), 150),
+          # the Gluon ping-pong kernel (ops/gluon_attention.py) on and off, 128-token pages
+          "longdoc_pingpong": (lambda: phase_longdoc("gluon ping-pong", dict(
+              gluon_pingpong=True), block_size=128), 150),
+          "longdoc_triton": (lambda: phase_longdoc("triton", dict(gluon_pingpong=False),
+                                                   block_size=128), 150)}
 
 
 def main() -> None:

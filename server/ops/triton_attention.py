@@ -90,7 +90,17 @@ PREFILL_CONFIG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 
                   # in-warpgroup order in Gluon, S[j] in flight across the softmax, with
                   # these TMA tiles: bit-identical and slower, 2.98 against 2.89 ms at 8K
                   # over 16K; eighth session, results/2026-12-03h-gluon-prefill-tma.patch.)
-                  "tma": True}
+                  "tma": True,
+                  # The Gluon kernel with two math warpgroups in partitions of their own
+                  # (FlashAttention-3's ping-pong) fed by a TMA producer
+                  # (ops/gluon_attention.py) where it applies: sm_90, a 16-bit cache,
+                  # pages of whole 128-key tiles. H200, 2026-12-04: bit-identical to
+                  # this kernel on every check; alone (gluon_pingpong_ab.py,
+                  # graph-replayed) 0.79 against 0.99 ms at 8K over 8K on one machine,
+                  # equal within noise (0.80-0.85 both) on another; in the 16-document
+                  # engine run, where it shares the GPU with the GEMMs, 260 against 252
+                  # and 256 against 247 out tok/s on the two (BENCHMARKS.md).
+                  "gluon_pingpong": True}
 # Specializations: Triton compiles a kernel again for every new constexpr value and for
 # every new "is it 1 / a multiple of 16 / 16-byte aligned" pattern of its arguments
 # (ops/jit_variants.py). The step metadata (slot mapping, context lengths, block-table
@@ -556,6 +566,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     cfg = PREFILL_CONFIG
+    if cfg["gluon_pingpong"] and k_scale == 1.0 and v_scale == 1.0:
+        from pagefleet.server.ops import gluon_attention
+        if gluon_attention.usable(q, k_cache):
+            return gluon_attention.paged_prefill_attention(
+                q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out,
+                PREFILL_SEQ_BLOCK)
     block_m = cfg["block_m"]
     tiles = total // block_m + num_seqs
     grid = (num_heads, tiles) if cfg["longest_first"] else (tiles, num_heads)

@@ -13,6 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from pagefleet.server.ops import gluon_attention as ga
 from pagefleet.server.ops import triton_attention as ta
 from pagefleet.server.ops import triton_quant as tq
 from pagefleet.server.ops import triton_rotary as tr
@@ -191,6 +192,7 @@ def main() -> int:
     failed += not metadata_dtype_costs_nothing(target, attn, pf)
     failed += not attention_copies_stay_in_flight(target, attn, pf, dec, dec_cx, dc)
     failed += not gemv_registers_stay_few(target, int4, fp8, w4, f8)
+    failed += not gluon_prefill_splits_registers(target)
     return 1 if failed else 0
 
 
@@ -320,6 +322,58 @@ def attention_copies_stay_in_flight(target, attn: dict, pf: dict, dec: dict, dec
         print(f"FAILED {name}: cp.async.wait_group counts {waits}")
         return False
     print(f"ok {name} ({waits})")
+    return True
+
+
+def gluon_prefill_splits_registers(target) -> bool:
+    """The Gluon ping-pong prefill kernel (ops/gluon_attention.py, sm_90 only, not run by
+    the interpreter) compiles with the shipped PINGPONG_CONFIG, its partitions get their
+    registers (setmaxnreg: each math warpgroup `math_regs`, the producer `load_regs`),
+    and ptxas serializes no wgmma (its C7512 warning: a register budget the partitions do
+    not fit, e.g. the producer asking for as many as the math warpgroups, makes it wait
+    for every wgmma and loses what the kernel is for)."""
+    import contextlib
+    import io
+    import re
+
+    from triton import knobs
+    name = "prefill attention, Gluon ping-pong: registers split, no wgmma serialized"
+    if not ga.AVAILABLE:
+        print(f"FAILED {name}: triton.experimental.gluon did not import")
+        return False
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    cfg, fn = ga.PINGPONG_CONFIG, ga._prefill_pingpong_kernel
+    layout = gl.NVMMASharedLayout.get_default_for([cfg["block_n"], 128], gl.bfloat16)
+    desc = f"tensordesc<bf16[{cfg['block_n']}, 128],{layout!r}>"
+    ptrs = {"q_ptr": "*bf16", "vc_ptr": "*bf16", "cu_ptr": "*i64", "ctx_ptr": "*i64",
+            "bt_ptr": "*i32", "out_ptr": "*bf16", "qk_scale": "fp32", "k_desc": desc,
+            "v_desc": desc}
+    cx = {"GROUP": 7, "D": 128, "BS": 128, "BLOCK_N": cfg["block_n"],
+          "BLOCK_B": ta.PREFILL_SEQ_BLOCK, "STAGES": cfg["stages"],
+          "PINGPONG": cfg["pingpong"], "MATH_REGS": cfg["math_regs"],
+          "LOAD_REGS": cfg["load_regs"], "LW": cfg["load_warps"], "num_warps": 4}
+    # aligned as Triton specializes the real launches (16-byte pointers and strides)
+    aligned = ["q_ptr", "vc_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot",
+               "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+    log = io.StringIO()
+    try:
+        with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+            knobs.nvidia.dump_ptxas_log = True
+            knobs.compilation.always_compile = True
+            ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
+                                 options={"num_warps": 4}).asm["ptx"]
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    regs = {int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}
+    serialized = [ln for ln in log.getvalue().splitlines() if "serialized" in ln]
+    if not {cfg["math_regs"], cfg["load_regs"]} <= regs or serialized:
+        print(f"FAILED {name}: setmaxnreg {sorted(regs)}, {serialized[:2]}")
+        return False
+    print(f"ok {name} (setmaxnreg {sorted(regs)})")
     return True
 
 
