@@ -107,7 +107,9 @@ if AVAILABLE:
     def _softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, ok):
         """The online softmax of one score tile: (row max, its rescale of the sums and of
         O, the probabilities, the row sums). Masked tiles keep rows that see nothing yet
-        finite."""
+        finite. The same arithmetic, in the same order, as `_prefill_kernel`'s loop body
+        (the bit-identity rests on it); written twice because a Gluon kernel cannot call
+        a `triton.jit` helper."""
         if MASKED:
             s = gl.where(ok, s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
