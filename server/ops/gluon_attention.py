@@ -40,9 +40,28 @@ try:   # Gluon ships with Triton 3.4+ and its API still moves: any import failur
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.9 / 3.6
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier                   # the same
-    AVAILABLE = True
+    _IMPORTED = True
 except ImportError:   # pragma: no cover - depends on the installed Triton
-    AVAILABLE = False
+    _IMPORTED = False
+
+# The Triton releases this kernel is compiled for in CI (tests/server/compile_sm90.py,
+# under the test Triton and the server image's) and ran on the H200 (3.6). Gluon's API
+# moves between releases (warp_specialize's signature, the TMA names above): on any
+# other release the Triton kernel serves, a few percent slower over long documents,
+# rather than a compile error at warm-up.
+TESTED_TRITON = ((3, 6), (3, 9))
+
+
+def supported_triton(version: str) -> bool:
+    """Whether `version` (as `triton.__version__` spells it) is a tested release."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in TESTED_TRITON
+
+
+AVAILABLE = _IMPORTED and supported_triton(triton.__version__)
 
 # Launch parameters. block_n must divide the page size (a key tile is one TMA box).
 PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
@@ -51,8 +70,8 @@ BLOCK_M = 128          # two math warpgroups of 64 rows
 
 
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """sm_90, 16-bit activations and cache of one dtype, a head size of 64 or 128, and
-    pages that hold whole key tiles."""
+    """A tested Triton, sm_90, 16-bit activations and cache of one dtype, a head size of
+    64 or 128, and pages that hold whole key tiles."""
     if not AVAILABLE or not q.is_cuda:
         return False
     from pagefleet.server.ops.triton_common import INTERPRET

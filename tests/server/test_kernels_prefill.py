@@ -104,3 +104,19 @@ def test_prefill_attention_ignores_slots_past_the_context(tma, monkeypatch):
     ref = attention.paged_prefill_attention(q, kc, vc, *args)
     assert torch.isfinite(ref).all() and torch.isfinite(out).all()
     assert rel_err(out, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("version,ok", [("3.6.0", True), ("3.9.0", True), ("3.9.1+gitabc", True),
+                                        ("3.5.1", False), ("3.10.0", False), ("4.0", False),
+                                        ("nightly", False)])
+def test_gluon_kernel_only_on_the_tritons_it_was_compiled_and_run_with(version, ok):
+    """The Gluon ping-pong kernel (ops/gluon_attention.py) serves on the Triton releases
+    CI compiles it with (test_kernels_compile.py) and nowhere else: Gluon's API moves
+    between releases, and an untested one would fail at warm-up where the Triton kernel
+    serves a few percent slower. Off the GPU it never applies (these tests run the Triton
+    kernel with `gluon_pingpong` on)."""
+    from pagefleet.server.ops import gluon_attention
+    assert gluon_attention.supported_triton(version) is ok
+    q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
+    assert not gluon_attention.usable(q, torch.zeros(2, 128, 2, 64, dtype=torch.bfloat16))
+    assert triton_attention.PREFILL_CONFIG["gluon_pingpong"]
