@@ -29,6 +29,8 @@ and tests/server/test_kernels_compile.py compiles it for sm_90 on the CPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -61,7 +63,19 @@ def supported_triton(version: str) -> bool:
     return (major, minor) in TESTED_TRITON
 
 
-AVAILABLE = _IMPORTED and supported_triton(triton.__version__)
+
+
+def _env_switch() -> bool:
+    """PAGEFLEET_GLUON_PREFILL: "1" (default) serves prefill attention with this kernel
+    where it applies, "0" with the Triton kernel everywhere: an operator's switch should
+    this kernel misbehave on a GPU or driver it was not run on."""
+    env = os.environ.get("PAGEFLEET_GLUON_PREFILL", "1").strip()
+    if env not in ("0", "1"):
+        raise ValueError(f"PAGEFLEET_GLUON_PREFILL={env!r}: expected 0 or 1")
+    return env == "1"
+
+
+AVAILABLE = _IMPORTED and supported_triton(triton.__version__) and _env_switch()
 
 # Launch parameters. block_n must divide the page size (a key tile is one TMA box).
 PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
