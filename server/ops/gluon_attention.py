@@ -83,13 +83,23 @@ PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
 BLOCK_M = 128          # two math warpgroups of 64 rows
 
 
+_HOPPER: dict[int | None, bool] = {}
+
+
+def _hopper(index: int | None) -> bool:
+    """Compute capability 9.0 and not the interpreter, per device: asked once, since
+    `usable` runs for every layer of every prefill step."""
+    if index not in _HOPPER:
+        from pagefleet.server.ops.triton_common import INTERPRET
+        _HOPPER[index] = (not INTERPRET
+                          and torch.cuda.get_device_capability(index) == (9, 0))
+    return _HOPPER[index]
+
+
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """A tested Triton, sm_90, 16-bit activations and cache of one dtype, a head size of
     64 or 128, and pages that hold whole key tiles."""
-    if not AVAILABLE or not q.is_cuda:
-        return False
-    from pagefleet.server.ops.triton_common import INTERPRET
-    if INTERPRET or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not AVAILABLE or not q.is_cuda or not _hopper(q.device.index):
         return False
     return (q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
             and q.shape[-1] in (64, 128) and k_cache.shape[1] % PINGPONG_CONFIG["block_n"] == 0)
