@@ -7,7 +7,8 @@ barriers a key tile), so the tensor cores sit idle while every warp computes its
 ~490 TFLOP/s on long chunks on one H200 (560-600 on another), where FlashAttention-3
 reaches ~600. Earlier sessions moved the copies off the math warps (producer warps) and
 overlapped one warpgroup's softmax with its own next GEMM (BENCHMARKS.md, 2026-12-03,
-sixth and eighth sessions): neither was faster. What FlashAttention-3 has beyond those is the schedule between two warpgroups:
+sixth and eighth sessions): neither was faster. What FlashAttention-3 has beyond those
+is the schedule between two warpgroups:
 
 - a CTA owns 128 query rows of one head; two math warpgroups (partitions of 4 warps) take
   64 rows each and a producer partition copies each key tile (one page: a TMA box) and
@@ -42,9 +43,9 @@ try:   # Gluon ships with Triton 3.4+ and its API still moves: any import failur
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.9 / 3.6
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier                   # the same
-    _IMPORTED = True
+    IMPORTED = True
 except ImportError:   # pragma: no cover - depends on the installed Triton
-    _IMPORTED = False
+    IMPORTED = False
 
 # The Triton releases this kernel is compiled for in CI (tests/server/compile_sm90.py,
 # under the test Triton and the server image's) and ran on the H200 (3.6). Gluon's API
@@ -63,8 +64,6 @@ def supported_triton(version: str) -> bool:
     return (major, minor) in TESTED_TRITON
 
 
-
-
 def _env_switch() -> bool:
     """PAGEFLEET_GLUON_PREFILL: "1" (default) serves prefill attention with this kernel
     where it applies, "0" with the Triton kernel everywhere: an operator's switch should
@@ -75,7 +74,9 @@ def _env_switch() -> bool:
     return env == "1"
 
 
-AVAILABLE = _IMPORTED and supported_triton(triton.__version__) and _env_switch()
+# IMPORTED: the kernel is defined (compile_sm90 compiles it whatever serves);
+# AVAILABLE: it serves.
+AVAILABLE = IMPORTED and supported_triton(triton.__version__) and _env_switch()
 
 # Launch parameters. block_n must divide the page size (a key tile is one TMA box).
 PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
@@ -105,7 +106,7 @@ def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and q.shape[-1] in (64, 128) and k_cache.shape[1] % PINGPONG_CONFIG["block_n"] == 0)
 
 
-if AVAILABLE:
+if IMPORTED:
 
     @gluon.jit
     def _load_partition(k_smem, v_smem, k_full, v_full, k_empty, v_empty, k_desc, v_desc,

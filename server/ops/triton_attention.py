@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops import gluon_attention
 from pagefleet.server.ops.triton_common import arrival_counters, last_arrival
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
@@ -567,7 +568,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     cfg = PREFILL_CONFIG
     if cfg["gluon_pingpong"] and k_scale == 1.0 and v_scale == 1.0:
-        from pagefleet.server.ops import gluon_attention
         if gluon_attention.usable(q, k_cache):
             return gluon_attention.paged_prefill_attention(
                 q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out,

@@ -338,7 +338,7 @@ def gluon_prefill_splits_registers(target) -> bool:
 
     from triton import knobs
     name = "prefill attention, Gluon ping-pong: registers split, no wgmma serialized"
-    if not ga.AVAILABLE:
+    if not ga.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
         return False
     from triton.experimental.gluon import language as gl
