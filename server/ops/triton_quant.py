@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops import gluon_w4
 from pagefleet.server.ops import quant as twin
 from pagefleet.server.ops import triton_activation
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
@@ -159,6 +160,19 @@ W4_CONFIG = {
     # in the engine; 32 columns, 4 stages and 8 warps x 256 columns slower (BENCHMARKS.md).
     "gemv_tc_min_m": 2, "gemv_tc_max_m": 8, "gemv_tc_block_n": 64, "gemv_tc_warps": 4,
     "gemv_tc_stages": 3, "gemv_tc_programs_per_sm": 16,
+    # The Gluon tensor-core GEMV (`gluon_w4`: each thread loads the words its MMA
+    # fragments hold, nothing staged through shared memory; 3.1 SASS instructions a
+    # nibble) for 1 to gemv_mma_max_m rows (0: off), ahead of the kernels above where it
+    # applies (sm_90, a tested Triton; elsewhere they serve). H200, 2026-12-04, the
+    # engine's AWQ (fp16) decode forward (engine_gemv_ab.py, variants in turn, one
+    # machine), ms before / after: B=1 2.177 / 2.081, B=2 2.840 / 2.186, B=3 2.938 /
+    # 2.372, B=4 2.955 / 2.391, B=6 3.131 / 2.835, B=8 3.157 / 2.854, the same greedy
+    # tokens. 8 programs an SM (the split-K target) beat 16 at every batch in the engine
+    # (B=1 2.218, B=8 3.368) though 16 ran faster back to back (gemv_step_ab.py: 1.818
+    # against 1.896 ms for the CUDA-core GEMV; 2.164 at 8); 2 warps (64 columns) and a
+    # three-deep prefetch (127 registers) ran slower (BENCHMARKS.md).
+    "gemv_mma_max_m": 8, "gemv_mma_block_n": 64, "gemv_mma_warps": 4,
+    "gemv_mma_programs_per_sm": 8,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -786,6 +800,27 @@ def _tc_gemv_ok(m: int, k: int, group_size: int, dtype: torch.dtype) -> bool:
             and k % 128 == 0 and (group_size >= k or group_size % 128 == 0))
 
 
+def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
+    """`gluon_w4._w4_gemv_mma_kernel`'s launch (the caller checked `gluon_w4.usable`)."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    cfg = W4_CONFIG
+    bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
+    tiles = n // bn
+    mcfg = {**cfg, "gemv_programs_per_sm": cfg["gemv_mma_programs_per_sm"]}
+    splits, per = _splits(tiles, k, 128, x.device, mcfg, gemv=True)
+    o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
+    gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
+        x, qweight, scales, zeros if zeros is not None else scales,
+        bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+        o.part.stride(0), o.part.stride(1), per, splits,
+        GROUP=group_size if group_size < k else 1 << 30,   # one group: every K compiles once
+        HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, WARPS=warps,
+        F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+        num_warps=warps, **launch_opts())
+    return o.result(splits, bias, x.dtype)
+
+
 def _w4_gemv_tc(x, qweight, scales, zeros, group_size, bias):
     m, k = x.shape
     n = qweight.shape[1]
@@ -842,15 +877,20 @@ def w4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor | None, group_size: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Same as `quant.w4a16_linear`: GEMV kernel for up to W4_CONFIG['gemv_max_m'] rows,
-    the tl.dot kernel below W4_CONFIG['dequant_min_m'] (split-K when the output tiles
-    alone cannot fill the GPU), above it the dequantized weight through cuBLAS."""
+    """Same as `quant.w4a16_linear`: on sm_90 the Gluon tensor-core GEMV for up to
+    W4_CONFIG['gemv_mma_max_m'] rows; else the GEMV kernel for up to
+    W4_CONFIG['gemv_max_m'] rows, the tensor-core GEMV (Triton) for its rows, the tl.dot
+    kernel below W4_CONFIG['dequant_min_m'] (split-K when the output tiles alone cannot
+    fill the GPU), above it the dequantized weight through cuBLAS."""
     m, k = x.shape
     n = qweight.shape[1]
     cfg = W4_CONFIG
     if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
+    if m <= cfg["gemv_mma_max_m"] and gluon_w4.usable(x, n, k, group_size,
+                                                      cfg["gemv_mma_block_n"]):
+        return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias)
     if _tc_gemv_ok(m, k, group_size, x.dtype):
         return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)
     gemv = m <= cfg["gemv_max_m"]
@@ -900,6 +940,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 o.part.stride(0), o.part.stride(1), group_size, per, splits, **common,
                 **launch_opts())
     return o.result(splits, bias, x.dtype)
+
 
 
 # -- fp8 ------------------------------------------------------------------------------------

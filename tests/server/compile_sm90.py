@@ -14,6 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pagefleet.server.ops import gluon_attention as ga
+from pagefleet.server.ops import gluon_w4 as gw
 from pagefleet.server.ops import triton_attention as ta
 from pagefleet.server.ops import triton_quant as tq
 from pagefleet.server.ops import triton_rotary as tr
@@ -193,6 +194,7 @@ def main() -> int:
     failed += not attention_copies_stay_in_flight(target, attn, pf, dec, dec_cx, dc)
     failed += not gemv_registers_stay_few(target, int4, fp8, w4, f8)
     failed += not gluon_prefill_splits_registers(target)
+    failed += not gluon_gemv_feeds_mma_in_registers(target, w4)
     return 1 if failed else 0
 
 
@@ -374,6 +376,57 @@ def gluon_prefill_splits_registers(target) -> bool:
         print(f"FAILED {name}: setmaxnreg {sorted(regs)}, {serialized[:2]}")
         return False
     print(f"ok {name} (setmaxnreg {sorted(regs)})")
+    return True
+
+
+def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
+    """The Gluon w4 GEMV (ops/gluon_w4.py, sm_90 only, not run by the interpreter)
+    compiles with the shipped W4_CONFIG for fp16 and bf16, zero points or none, its K
+    splits summed in the kernel or after: each operand reaches its MMA fragments with no
+    value moving between threads (the kernel's `convert_layout(..., assert_trivial=True)`
+    fails the compile otherwise), the MMAs are mma.sync m16n8k16, and ptxas spills nothing
+    and stays at or under 96 registers (occupancy: each thread's words are its bytes in
+    flight)."""
+    import contextlib
+    import io
+    import re
+
+    from triton import knobs
+    name = "w4 GEMV, Gluon: MMA operands built in registers, few registers, no spills"
+    if not gw.IMPORTED:
+        print(f"FAILED {name}: triton.experimental.gluon did not import")
+        return False
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn, bn, warps = gw._w4_gemv_mma_kernel, w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
+               "stride_xm", "stride_os", "stride_om", "k_per_split"]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    got = {}
+    for dt, zero, fused in (("fp16", True, True), ("bf16", False, False)):
+        ptrs = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
+                "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32"}
+        cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
+              "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused, "PDL": 1}
+        sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+        log = io.StringIO()
+        try:
+            with knobs.nvidia.scope(), knobs.compilation.scope(), \
+                    contextlib.redirect_stdout(log):
+                knobs.nvidia.dump_ptxas_log = True
+                knobs.compilation.always_compile = True
+                ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
+                                     options={"num_warps": warps}).asm["ptx"]
+        except Exception as e:   # noqa: BLE001 - reported like the others
+            print(f"FAILED {name}: {e!r}"[:2000])
+            return False
+        regs = re.search(r"Used (\d+) registers", log.getvalue())
+        spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+        got[dt] = (int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1,
+                   len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)))
+    if any(r < 0 or r > 96 or sp or not mma for r, sp, mma in got.values()):
+        print(f"FAILED {name}: (registers, spill bytes, mma.sync) {got}")
+        return False
+    print(f"ok {name} {got}")
     return True
 
 

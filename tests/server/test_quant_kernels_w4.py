@@ -182,3 +182,47 @@ def test_w4_tensor_core_gemv_takes_only_what_it_can(m, k, group, dtype, takes, m
     out = triton_quant.w4a16_linear(x, qw, s, z, g, b)
     assert bool(calls) == takes
     assert rel_err(out, quant.w4a16_linear(x.float(), qw, s, z, g, b.float())) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("m,n,k,group,dtype,fits", [
+    (1, 4608, 3584, 128, torch.float16, True),     # Qwen2.5-7B qkv, one row
+    (8, 3584, 18944, 128, torch.bfloat16, True),   # down, 8 rows
+    (3, 128, 1280, 1280, torch.float16, True),     # one group a column
+    (9, 4608, 3584, 128, torch.float16, False),    # past operand B's 8 columns
+    (0, 4608, 3584, 128, torch.float16, False),
+    (1, 4600, 3584, 128, torch.float16, False),    # N not a multiple of the tile
+    (1, 4608, 3600, 3600, torch.float16, False),   # K not a multiple of 128
+    (1, 4608, 3584, 64, torch.float16, False),     # a 128-row tile would span two groups
+    (1, 4608, 3584, 128, torch.float32, False),    # float32 activations
+])
+def test_gluon_gemv_takes_only_what_it_computes(m, n, k, group, dtype, fits):
+    """The Gluon tensor-core GEMV (ops/gluon_w4.py; GPU only, checked against the twin by
+    benchmarks/gemv_mma_check.py, compiled for sm_90 by test_kernels_compile.py) is asked
+    only for calls it computes; here, off the GPU, never at all, and the Triton paths give
+    the twin's result with it configured for every batch up to 8."""
+    from pagefleet.server.ops import gluon_w4
+    assert gluon_w4.fits(m, n, k, group, 64, dtype) is fits
+    x = torch.zeros(max(m, 1), k, dtype=dtype)
+    assert not gluon_w4.usable(x, n, k, group, 64)
+
+
+def test_gluon_gemv_switch(monkeypatch):
+    """PAGEFLEET_GLUON_GEMV=0 keeps the Triton GEMVs everywhere; a value other than 0 or 1
+    is an error naming the variable."""
+    import importlib
+
+    import triton
+
+    from pagefleet.server.ops import gluon_w4
+    try:
+        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "0")
+        assert not importlib.reload(gluon_w4).AVAILABLE
+        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "on")
+        with pytest.raises(ValueError, match="PAGEFLEET_GLUON_GEMV"):
+            importlib.reload(gluon_w4)
+        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "1")
+        assert importlib.reload(gluon_w4).AVAILABLE is (
+            gluon_w4.IMPORTED and gluon_w4.supported_triton(triton.__version__))
+    finally:
+        monkeypatch.delenv("PAGEFLEET_GLUON_GEMV")
+        importlib.reload(gluon_w4)

@@ -1,0 +1,119 @@
+"""The Gluon tensor-core w4 GEMV (`server/ops/gluon_w4.py`) against the float32 twin, on
+an sm_90 GPU (Gluon does not run under the CPU interpreter, so this is its correctness
+test; tests/server/compile_sm90.py compiles it on the CPU).
+
+For every Qwen2.5-7B layer shape and small odd ones, 1-8 input rows, fp16 and bf16
+activations, zero points or none, 128-row groups and one group a column, with and
+without a bias, split-K summed in the kernel and by a second kernel: the relative error
+(max |out - ref| / max |ref|) of the Gluon kernel and of the Triton path it replaces,
+against x @ dequantized weight in float32. A case fails when the Gluon kernel's error
+exceeds twice the Triton path's plus 1e-3, or is not finite. Then a CUDA graph of the
+call replayed twice must equal the eager output (the split-K arrival counters reset).
+
+    OUT=$OUT python3 benchmarks/gemv_mma_check.py     # exit 1 on any failure
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    import torch
+
+    from pagefleet.server.ops import gluon_w4, quant
+    from pagefleet.server.ops import triton_quant as tq
+    if not gluon_w4.AVAILABLE:
+        print("gluon_w4 not available here")
+        return 1
+    torch.manual_seed(0)
+    cfg = tq.W4_CONFIG
+    shipped = dict(cfg)
+    # (N, K, groups): one group a column at a few shapes only (each K compiles anew)
+    shapes = [(4608, 3584, (128,)), (3584, 3584, (128, 3584)), (37888, 3584, (128,)),
+              (3584, 18944, (128,)), (64, 128, (128,)), (192, 384, (128, 384)),
+              (128, 1280, (128,))]
+    rows, failures = [], 0
+
+    def run(x, qw, s, z, g, bias, mma: bool):
+        cfg.clear()
+        cfg.update(shipped)
+        cfg["gemv_mma_max_m"] = 8 if mma else 0
+        return tq.w4a16_linear(x, qw, s, z, g, bias)
+
+    for n, k, groups in shapes:
+        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+        for group in groups:
+            s = (torch.rand(k // min(group, k), n, device="cuda") * 0.01 + 0.001).half()
+            zeros = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8)
+            for z in (zeros, None):
+                w = quant.w4_dequantize(qw, s, z, group, torch.float32)
+                for dtype in (torch.float16, torch.bfloat16):
+                    for m in (1, 2, 3, 8):
+                        bias = (torch.randn(n, device="cuda") * 0.1).to(dtype) if m == 3 else None
+                        x = torch.randn(m, k, device="cuda", dtype=dtype)
+                        ref = x.float() @ w + (bias.float() if bias is not None else 0)
+                        errs = {}
+                        for label, mma in (("gluon", True), ("triton", False)):
+                            out = run(x, qw, s, z, group, bias, mma).float()
+                            errs[label] = ((out - ref).abs().max() / ref.abs().max()).item()
+                        ok = errs["gluon"] == errs["gluon"] and \
+                            errs["gluon"] <= 2 * errs["triton"] + 1e-3
+                        failures += not ok
+                        row = {"n": n, "k": k, "group": group, "zeros": z is not None,
+                               "dtype": str(dtype), "m": m, "bias": bias is not None,
+                               **errs, "ok": ok}
+                        rows.append(row)
+                        if not ok:
+                            print("FAILED", row)
+    # split-K summed by a second kernel, and more splits than the shipped target
+    n, k = 3584, 18944
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+    s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).half()
+    z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8)
+    x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+    ref = x.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
+    for extra in ({"fused_reduce": False}, {"gemv_mma_programs_per_sm": 32},
+                  {"gemv_mma_block_n": 128}, {"gemv_mma_block_n": 128, "gemv_mma_warps": 8}):
+        cfg.clear()
+        cfg.update(shipped)
+        cfg.update({"gemv_mma_max_m": 8, **extra})
+        out = tq.w4a16_linear(x, qw, s, z, 128).float()
+        err = ((out - ref).abs().max() / ref.abs().max()).item()
+        ok = err <= 2e-3
+        failures += not ok
+        rows.append({"variant": extra, "gluon": err, "ok": ok})
+        print(("ok " if ok else "FAILED ") + json.dumps(rows[-1]))
+    # graph replays equal eager
+    cfg.clear()
+    cfg.update(shipped)
+    cfg["gemv_mma_max_m"] = 8
+    eager = tq.w4a16_linear(x, qw, s, z, 128)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = tq.w4a16_linear(x, qw, s, z, 128)
+    same = []
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        same.append(torch.equal(out, eager))
+    failures += not all(same)
+    rows.append({"graph_replays_equal_eager": same})
+    print(f"graph replays equal eager: {same}")
+    cfg.clear()
+    cfg.update(shipped)
+    worst = max((r for r in rows if "triton" in r), key=lambda r: r["gluon"])
+    print(f"{len(rows)} cases, {failures} failures; worst gluon error {worst['gluon']:.2e} "
+          f"(triton {worst['triton']:.2e}) at {worst}")
+    out_dir = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gemv_mma_check.json").write_text(json.dumps(
+        {"failures": failures, "rows": rows}, indent=1))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The w4a16 decode GEMV on the tensor cores with every register placed by hand (Gluon,
+sm_90): Marlin's way of feeding an MMA from 4-bit words, for 1-8 input rows.
+
+Why: at one input row the Triton GEMVs (`triton_quant._w4_gemv_kernel`, CUDA cores,
+float32 arithmetic) issue ~6 SASS instructions a nibble and read the weights at about
+half the copy bandwidth (BENCHMARKS.md, 2026-12-03): the decode step is bound by issue.
+Triton's own tensor-core GEMV (`_w4_gemv_tc_kernel`) decodes words in pairs but lets the
+compiler choose register layouts, and the operand then goes through shared memory and a
+cp.async pipeline (4.3 instructions a nibble, sm_90 SASS under Triton 3.6) and loses at
+one row. Here each thread loads exactly the words its MMA fragments need, so nothing
+moves between threads:
+
+- `out^T = W^T x^T` with mma.sync m16n8k16: the weights are operand A (`[BLOCK_N,
+  128]` per 128-row K tile, inside one quantization group), the input rows operand B
+  (`[128, 8]`, rows past M zero), float32 accumulation;
+- a thread of lane `4 i + c` owns rows `i` and `i + 8` of its warp's 16-row tiles and,
+  in operand A, columns `16 j + 8 s + 2 c + e`. Operand columns are a permutation of the
+  tile's K rows (the same one for both operands, so the product is unchanged): column
+  `e + 2 rh + 8 v + 16 u + 32 rl` holds K row `8 (4 rh + rl) + (v + 2 u) + 4 e`, which
+  gives lane `c` the four whole words `4 c .. 4 c + 3` of each of its rows and, in
+  operand B, the 32 contiguous activations `32 c .. 32 c + 31` (four 16-byte loads);
+- a word's 8 nibbles become 4 registers of two 16-bit values `q - z` each: one shift,
+  one LOP3 into the bits of 1024 (fp16) or 128 (bf16) and one packed subtraction of
+  (1024 or 128) + z per register (inline PTX; exact: small integers);
+- each K tile's MMAs accumulate from zero and the group's scale multiplies the float32
+  result (the Triton tensor-core GEMV's arithmetic, so the same rounding);
+- the next tile's words, scales and zero points load while this tile is multiplied;
+  split-K as the Triton GEMVs do it (partials summed in split order by each tile's last
+  program: `triton_common.last_arrival`'s protocol).
+
+Gluon does not run under TRITON_INTERPRET: `usable` keeps this kernel to sm_90 GPUs and a
+tested Triton, tests/server/compile_sm90.py compiles it for sm_90 on the CPU, and the
+GPU checks compare it with the float32 twin (`benchmarks/gpu_check.py`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from pagefleet.server.ops.gluon_attention import _hopper, supported_triton
+
+try:   # Gluon's API moves between releases: any import failure = off
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # 3.9 / 3.6
+    IMPORTED = True
+except ImportError:   # pragma: no cover - depends on the installed Triton
+    IMPORTED = False
+
+
+def _env_switch() -> bool:
+    """PAGEFLEET_GLUON_GEMV: "1" (default) lets this kernel take the rows W4_CONFIG gives
+    it, "0" keeps the Triton GEMVs everywhere (an operator's switch)."""
+    env = os.environ.get("PAGEFLEET_GLUON_GEMV", "1").strip()
+    if env not in ("0", "1"):
+        raise ValueError(f"PAGEFLEET_GLUON_GEMV={env!r}: expected 0 or 1")
+    return env == "1"
+
+
+AVAILABLE = IMPORTED and supported_triton(triton.__version__) and _env_switch()
+
+BK = triton.language.constexpr(128)     # K rows a tile: one MMA operand's width, inside one quantization group
+ROWS = triton.language.constexpr(8)     # operand B's columns (mma m16n8k16): up to 8 input rows a launch
+
+
+def fits(m: int, n: int, k: int, group_size: int, block_n: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel computes this call: 16-bit activations, 1-8 rows, N a multiple
+    of the tile, K tiles of 128 rows inside one quantization group."""
+    return (dtype in (torch.float16, torch.bfloat16) and 0 < m <= ROWS.value
+            and n % block_n == 0 and k % BK.value == 0
+            and (group_size >= k or group_size % BK.value == 0))
+
+
+def usable(x: torch.Tensor, n: int, k: int, group_size: int, block_n: int) -> bool:
+    """A tested Triton on an sm_90 GPU, and a call the kernel `fits`."""
+    return (AVAILABLE and x.is_cuda and fits(x.shape[0], n, k, group_size, block_n, x.dtype)
+            and _hopper(x.device.index))
+
+
+def _words_layout(block_n: int, warps: int) -> "gl.DistributedLinearLayout":
+    """`[block_n, 16]` words of a K tile, each where its operand-A fragment is: lane
+    `4 i + c` holds words `4 c .. 4 c + 3` (registers) of rows `i`, `i + 8` (a register
+    bit) of each 16-row tile; warps take consecutive 16-row tiles, then the tiles repeat
+    in registers (the MMA layout's order)."""
+    block_n, warps = int(block_n), int(warps)
+    reps = block_n // (16 * warps)
+    reg = [[0, 1], [0, 2], [8, 0]] + [[16 * warps << i, 0] for i in range(reps.bit_length() - 1)]
+    lane = [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 << i, 0] for i in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [block_n, 16])
+
+
+def _acts_layout(warps: int) -> "gl.DistributedLinearLayout":
+    """`[128, 8]` activations (K rows x input rows): lane `4 i + c` holds K rows `32 c ..
+    32 c + 31` of input row `i` (contiguous: vector loads); every warp the same."""
+    warps = int(warps)
+    reg = [[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]]
+    lane = [[32, 0], [64, 0], [0, 1], [0, 2], [0, 4]]
+    warp = [[0, 0] for _ in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [128, 8])
+
+
+if IMPORTED:   # built inside the kernel from its constexprs (a layout argument would not
+    # serialize into Triton's cache hook, which server/ops/compile_watch.py installs)
+    words_layout = gluon.constexpr_function(_words_layout)
+    acts_layout = gluon.constexpr_function(_acts_layout)
+
+
+def _pair_asm(f16: bool) -> str:
+    """One word -> its 8 nibbles minus the zero point as 16-bit values, in the order
+    (p, p + 4) for p = 0..3: `$8` the word, `$9` the bits of (1024 or 128) + z twice."""
+    magic, ty = ("0x64006400", "f16x2") if f16 else ("0x43004300", "bf16x2")
+    body = ["{ .reg .b32 t, u;"]
+    for p in range(4):
+        src = "$8" if p == 0 else "u"
+        if p:
+            body.append(f"shr.u32 u, $8, {4 * p};")
+        body.append(f"lop3.b32 t, {src}, 0x000F000F, {magic}, 0xEA;")
+        body.append(f"sub.rn.{ty} t, t, $9;")
+        body.append(f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, t;")
+    body.append("}")
+    return " ".join(body)
+
+
+ASM_F16 = triton.language.constexpr(_pair_asm(True))
+ASM_BF16 = triton.language.constexpr(_pair_asm(False))
+
+
+if IMPORTED:
+
+    @gluon.jit
+    def _decode(w, zz, F16: gl.constexpr):
+        """The 8 `q - z` of each word, as (nibble p, nibble p + 4) for p = 0..3."""
+        if F16:
+            r = gl.inline_asm_elementwise(ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, zz],
+                                          dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+        else:
+            r = gl.inline_asm_elementwise(ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, zz],
+                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        return r
+
+    @gluon.jit
+    def _operand_a(w, zz, BLOCK_N: gl.constexpr, A_L: gl.constexpr, F16: gl.constexpr):
+        """`[BLOCK_N, 16]` words -> operand A `[BLOCK_N, 128]` in the permuted K order of
+        the module docstring, without moving a value between threads."""
+        l0, h0, l1, h1, l2, h2, l3, h3 = _decode(w, zz, F16)
+        lo = gl.join(gl.join(l0, l1), gl.join(l2, l3))       # [n, r, v, u]: nibble v + 2u
+        hi = gl.join(gl.join(h0, h1), gl.join(h2, h3))       # nibble v + 2u + 4
+        a = gl.join(lo, hi)                                  # [n, r, v, u, e]
+        a = gl.reshape(a, [BLOCK_N, 4, 4, 2, 2, 2])          # [n, rh, rl, v, u, e]
+        a = gl.permute(a, [0, 2, 4, 3, 1, 5])                # [n, rl, u, v, rh, e]
+        a = gl.reshape(a, [BLOCK_N, BK])
+        return gl.convert_layout(a, A_L, assert_trivial=True)
+
+    @gluon.jit
+    def _operand_b(x, B_L: gl.constexpr):
+        """`[128, 8]` activations in K order -> operand B in the permuted order."""
+        x = gl.reshape(x, [4, 4, 2, 2, 2, ROWS])              # [rh, rl, e, u, v, m]
+        x = gl.permute(x, [1, 3, 4, 0, 2, 5])                # [rl, u, v, rh, e, m]
+        x = gl.reshape(x, [BK, ROWS])
+        return gl.convert_layout(x, B_L, assert_trivial=True)
+
+    @gluon.jit
+    def _tile_loads(w_base, s_ptr, z_ptr, sn, wn, kk, k_start, N, GROUP: gl.constexpr,
+                    HAS_ZERO: gl.constexpr):
+        """The words, float32 scales and zero points (int32; 8 without HAS_ZERO) of the
+        K tile at row `kk`."""
+        w = gl.load(w_base + (kk - k_start) // 8 * N)
+        g = (kk // GROUP) * N
+        s = gl.load(s_ptr + g + sn).to(gl.float32)
+        if HAS_ZERO:
+            z = gl.load(z_ptr + g + wn).to(gl.int32)
+        else:
+            z = gl.full(wn.shape, 8, gl.int32, layout=wn.type.layout)
+        return w, s, z
+
+    @gluon.jit
+    def _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
+                      B_L: gl.constexpr, MMA: gl.constexpr, W_L: gl.constexpr,
+                      F16: gl.constexpr):
+        """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
+        MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
+        zz = gl.broadcast(w, ((MAGIC + z) * 0x10001)[:, None])[1]
+        a = _operand_a(w, zz, BLOCK_N, A_L, F16)
+        b = _operand_b(gl.load(x_ptrs, mask=x_mask, other=0.0), B_L)
+        t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
+        return t * s[:, None]
+
+    @gluon.jit(do_not_specialize=["M", "splits"])
+    def _w4_gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr,
+                            M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
+                            GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+                            WARPS: gl.constexpr, F16: gl.constexpr,
+                            SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
+                            PDL: gl.constexpr):
+        """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
+        multiple of 128) for all M <= 8 input rows."""
+        if PDL:
+            gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        W_L: gl.constexpr = words_layout(BLOCK_N, WARPS)
+        X_L: gl.constexpr = acts_layout(WARPS)
+        pid_n = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        k_start = pid_s * k_per_split
+        k_end = gl.minimum(K, k_start + k_per_split)
+        # words ([K / 8, N], the tile's 16 rows advanced by the loads' row argument)
+        wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_L))
+        wr = gl.arange(0, 16, layout=gl.SliceLayout(0, W_L))
+        w_base = qw_ptr + (k_start // 8 + wr).to(gl.int64)[None, :] * N + wn[:, None]
+        # activations
+        xk = gl.arange(0, BK, layout=gl.SliceLayout(1, X_L))
+        xm = gl.arange(0, ROWS, layout=gl.SliceLayout(0, X_L))
+        x_ptrs = x_ptr + xm.to(gl.int64)[None, :] * stride_xm + (k_start + xk)[:, None]
+        x_mask = (xm < M)[None, :] & (xk >= 0)[:, None]
+        # scales (the accumulator's rows) and zero points (the words' rows)
+        sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
+        last_k = k_end - BK
+        w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start, k_start,
+                                             N, GROUP, HAS_ZERO)
+        for k0 in range(k_start, k_end, BK):
+            w, s, z = w_next, s_next, z_next
+            # the next tile (the last reloads itself)
+            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                                 gl.minimum(k0 + BK, last_k), k_start, N,
+                                                 GROUP, HAS_ZERO)
+            acc += _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N, A_L, B_L, MMA, W_L, F16)
+            x_ptrs += BK
+        # the result: stored, or this split's partial and the tile's last program sums
+        om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
+        mask = (om < M)[None, :] & (sn < N)[:, None]
+        offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
+        if FUSED:
+            gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs, acc, mask=mask)
+            _barrier()
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == splits - 1:
+                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+                tot = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
+                for sp in gl.static_range(SPLITS_PAD):
+                    live = (offs * 0 + sp) < splits
+                    p = gl.load(part_ptr + sp * stride_os + offs, mask=mask & live, other=0.0,
+                                cache_modifier=".cg")
+                    tot = gl.where(live, tot + p, tot)
+                if HAS_BIAS:
+                    tot += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
+                gl.store(res_ptr + offs, tot.to(res_ptr.dtype.element_ty), mask=mask)
+        else:
+            if HAS_BIAS:
+                acc += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
+            gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs,
+                     acc.to(part_ptr.dtype.element_ty), mask=mask)
