@@ -77,6 +77,7 @@ def main() -> int:
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     ref = x.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
     for extra in ({"fused_reduce": False}, {"gemv_mma_programs_per_sm": 32},
+                  {"gemv_mma_preload": True},
                   {"gemv_mma_block_n": 128}, {"gemv_mma_block_n": 128, "gemv_mma_warps": 8}):
         cfg.clear()
         cfg.update(shipped)

@@ -196,15 +196,13 @@ if IMPORTED:
                             M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
                             GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
                             HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
-                            WARPS: gl.constexpr, F16: gl.constexpr,
+                            WARPS: gl.constexpr, F16: gl.constexpr, PRELOAD: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
                             PDL: gl.constexpr):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
-        multiple of 128) for all M <= 8 input rows."""
-        if PDL:
-            gdc_wait()
-        if PDL == 2:
-            gdc_launch_dependents()
+        multiple of 128) for all M <= 8 input rows. PRELOAD: the first tile's weights are
+        requested before the wait for the kernel before (they do not depend on it), so
+        under PDL their latency overlaps that kernel's tail."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -228,8 +226,16 @@ if IMPORTED:
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
         last_k = k_end - BK
-        w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start, k_start,
-                                             N, GROUP, HAS_ZERO)
+        if PRELOAD:
+            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start,
+                                                 k_start, N, GROUP, HAS_ZERO)
+        if PDL:
+            gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+        if not PRELOAD:
+            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start,
+                                                 k_start, N, GROUP, HAS_ZERO)
         for k0 in range(k_start, k_end, BK):
             w, s, z = w_next, s_next, z_next
             # the next tile (the last reloads itself)

@@ -165,14 +165,19 @@ W4_CONFIG = {
     # nibble) for 1 to gemv_mma_max_m rows (0: off), ahead of the kernels above where it
     # applies (sm_90, a tested Triton; elsewhere they serve). H200, 2026-12-04, the
     # engine's AWQ (fp16) decode forward (engine_gemv_ab.py, variants in turn, one
-    # machine), ms before / after: B=1 2.177 / 2.081, B=2 2.840 / 2.186, B=3 2.938 /
-    # 2.372, B=4 2.955 / 2.391, B=6 3.131 / 2.835, B=8 3.157 / 2.854, the same greedy
-    # tokens. 8 programs an SM (the split-K target) beat 16 at every batch in the engine
-    # (B=1 2.218, B=8 3.368) though 16 ran faster back to back (gemv_step_ab.py: 1.818
-    # against 1.896 ms for the CUDA-core GEMV; 2.164 at 8); 2 warps (64 columns) and a
-    # three-deep prefetch (127 registers) ran slower (BENCHMARKS.md).
+    # machine), ms, the kernels above / this one at 8 / 6 programs an SM: B=1 2.176 /
+    # 2.075 / 2.034, B=2 2.825 / 2.179 / 2.126, B=4 2.940 / 2.385 / 2.327, B=8 3.145 /
+    # 2.859 / 2.786, the same greedy tokens. The split-K target (programs an SM) at 4 and
+    # 16 ran slower in the engine (B=1 2.138 and 2.218) though 16 ran fastest back to back
+    # (gemv_step_ab.py: 1.818 against 1.896 ms for the CUDA-core GEMV); 5 and 7 about
+    # equal (B=1 2.076 / 2.024 against 2.030); 128-column tiles, 32 with 2 warps, and a
+    # three-deep prefetch (127 registers) slower (BENCHMARKS.md).
     "gemv_mma_max_m": 8, "gemv_mma_block_n": 64, "gemv_mma_warps": 4,
-    "gemv_mma_programs_per_sm": 8,
+    "gemv_mma_programs_per_sm": 6,
+    # The first tile's weights requested before the PDL wait (they do not depend on the
+    # kernel before; its tail hides their latency). Same machine, next call: B=1 1.999
+    # against 2.030 ms, B=2 2.084 / 2.128, B=8 2.694 / 2.791, the same greedy tokens.
+    "gemv_mma_preload": True,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -816,7 +821,8 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
         o.part.stride(0), o.part.stride(1), per, splits,
         GROUP=group_size if group_size < k else 1 << 30,   # one group: every K compiles once
         HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, WARPS=warps,
-        F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad, FUSED=o.fused,
+        F16=x.dtype == torch.float16, PRELOAD=bool(cfg["gemv_mma_preload"]),
+        SPLITS_PAD=o.splits_pad, FUSED=o.fused,
         num_warps=warps, **launch_opts())
     return o.result(splits, bias, x.dtype)
 

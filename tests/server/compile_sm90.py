@@ -406,7 +406,8 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         ptrs = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
                 "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32"}
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
-              "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused, "PDL": 1}
+              "F16": dt == "fp16", "PRELOAD": w4["gemv_mma_preload"],
+              "SPLITS_PAD": 4 if fused else 1, "FUSED": fused, "PDL": 1}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         log = io.StringIO()
         try:
