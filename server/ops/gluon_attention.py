@@ -30,10 +30,10 @@ and tests/server/test_kernels_compile.py compiles it for sm_90 on the CPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
+
+from pagefleet.server.ops import gluon_common
 
 try:   # Gluon ships with Triton 3.4+ and its API still moves: any import failure = off
     from triton.experimental import gluon
@@ -47,36 +47,16 @@ try:   # Gluon ships with Triton 3.4+ and its API still moves: any import failur
 except ImportError:   # pragma: no cover - depends on the installed Triton
     IMPORTED = False
 
-# The Triton releases this kernel is compiled for in CI (tests/server/compile_sm90.py,
-# under the test Triton and the server image's) and ran on the H200 (3.6). Gluon's API
-# moves between releases (warp_specialize's signature, the TMA names above): on any
-# other release the Triton kernel serves, a few percent slower over long documents,
-# rather than a compile error at warm-up.
-TESTED_TRITON = ((3, 6), (3, 9))
-
-
-def supported_triton(version: str) -> bool:
-    """Whether `version` (as `triton.__version__` spells it) is a tested release."""
-    try:
-        major, minor = (int(p) for p in version.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) in TESTED_TRITON
-
-
-def _env_switch() -> bool:
-    """PAGEFLEET_GLUON_PREFILL: "1" (default) serves prefill attention with this kernel
-    where it applies, "0" with the Triton kernel everywhere: an operator's switch should
-    this kernel misbehave on a GPU or driver it was not run on."""
-    env = os.environ.get("PAGEFLEET_GLUON_PREFILL", "1").strip()
-    if env not in ("0", "1"):
-        raise ValueError(f"PAGEFLEET_GLUON_PREFILL={env!r}: expected 0 or 1")
-    return env == "1"
+# On a Triton release CI does not compile this kernel with, the Triton kernel serves
+# (gluon_common). PAGEFLEET_GLUON_PREFILL=0 switches it off.
+TESTED_TRITON = gluon_common.TESTED_TRITON
+supported_triton = gluon_common.supported_triton
 
 
 # IMPORTED: the kernel is defined (compile_sm90 compiles it whatever serves);
 # AVAILABLE: it serves.
-AVAILABLE = IMPORTED and supported_triton(triton.__version__) and _env_switch()
+AVAILABLE = (IMPORTED and supported_triton(triton.__version__)
+             and gluon_common.env_switch("PAGEFLEET_GLUON_PREFILL"))
 
 # Launch parameters. block_n must divide the page size (a key tile is one TMA box).
 PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
@@ -84,23 +64,10 @@ PINGPONG_CONFIG = {"block_n": 128, "stages": 2, "pingpong": True,
 BLOCK_M = 128          # two math warpgroups of 64 rows
 
 
-_HOPPER: dict[int | None, bool] = {}
-
-
-def _hopper(index: int | None) -> bool:
-    """Compute capability 9.0 and not the interpreter, per device: asked once, since
-    `usable` runs for every layer of every prefill step."""
-    if index not in _HOPPER:
-        from pagefleet.server.ops.triton_common import INTERPRET
-        _HOPPER[index] = (not INTERPRET
-                          and torch.cuda.get_device_capability(index) == (9, 0))
-    return _HOPPER[index]
-
-
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """A tested Triton, sm_90, 16-bit activations and cache of one dtype, a head size of
     64 or 128, and pages that hold whole key tiles."""
-    if not AVAILABLE or not q.is_cuda or not _hopper(q.device.index):
+    if not AVAILABLE or not q.is_cuda or not gluon_common.hopper(q.device.index):
         return False
     return (q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
             and q.shape[-1] in (64, 128) and k_cache.shape[1] % PINGPONG_CONFIG["block_n"] == 0)

@@ -30,17 +30,16 @@ moves between threads:
 
 Gluon does not run under TRITON_INTERPRET: `usable` keeps this kernel to sm_90 GPUs and a
 tested Triton, tests/server/compile_sm90.py compiles it for sm_90 on the CPU, and the
-GPU checks compare it with the float32 twin (`benchmarks/gpu_check.py`).
+GPU check compares it with the float32 twin (`benchmarks/gemv_mma_check.py`).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
-from pagefleet.server.ops.gluon_attention import _hopper, supported_triton
+from pagefleet.server.ops import gluon_common
+from pagefleet.server.ops.gluon_common import supported_triton
 
 try:   # Gluon's API moves between releases: any import failure = off
     from triton.experimental import gluon
@@ -53,19 +52,14 @@ except ImportError:   # pragma: no cover - depends on the installed Triton
     IMPORTED = False
 
 
-def _env_switch() -> bool:
-    """PAGEFLEET_GLUON_GEMV: "1" (default) lets this kernel take the rows W4_CONFIG gives
-    it, "0" keeps the Triton GEMVs everywhere (an operator's switch)."""
-    env = os.environ.get("PAGEFLEET_GLUON_GEMV", "1").strip()
-    if env not in ("0", "1"):
-        raise ValueError(f"PAGEFLEET_GLUON_GEMV={env!r}: expected 0 or 1")
-    return env == "1"
+# PAGEFLEET_GLUON_GEMV=0 keeps the Triton GEMVs everywhere (gluon_common.env_switch)
+AVAILABLE = (IMPORTED and supported_triton(triton.__version__)
+             and gluon_common.env_switch("PAGEFLEET_GLUON_GEMV"))
 
-
-AVAILABLE = IMPORTED and supported_triton(triton.__version__) and _env_switch()
-
-BK = triton.language.constexpr(128)     # K rows a tile: one MMA operand's width, inside one quantization group
-ROWS = triton.language.constexpr(8)     # operand B's columns (mma m16n8k16): up to 8 input rows a launch
+# K rows a tile (one operand's width, inside one quantization group) and operand B's
+# columns (mma m16n8k16: up to 8 input rows a launch)
+BK = triton.language.constexpr(128)
+ROWS = triton.language.constexpr(8)
 
 
 def fits(m: int, n: int, k: int, group_size: int, block_n: int, dtype: torch.dtype) -> bool:
@@ -79,7 +73,7 @@ def fits(m: int, n: int, k: int, group_size: int, block_n: int, dtype: torch.dty
 def usable(x: torch.Tensor, n: int, k: int, group_size: int, block_n: int) -> bool:
     """A tested Triton on an sm_90 GPU, and a call the kernel `fits`."""
     return (AVAILABLE and x.is_cuda and fits(x.shape[0], n, k, group_size, block_n, x.dtype)
-            and _hopper(x.device.index))
+            and gluon_common.hopper(x.device.index))
 
 
 def _words_layout(block_n: int, warps: int) -> "gl.DistributedLinearLayout":
