@@ -31,6 +31,10 @@ step against 193 at level 1, and faster on the H200 all the same (BENCHMARKS.md)
 2026-12-03 (fifth session): the tensor-core GEMV (`_w4_gemv_tc_kernel`, inline-PTX pair
 decode into an MMA operand) 3.7 a nibble at 64 columns, 2.7 at 128; it wins from two
 rows, where one operand serves every row, and loses at one.
+2026-12-04: the Gluon tensor-core GEMV (`gluon_w4._w4_gemv_mma_kernel`, operands built
+in registers, nothing through shared memory) 3.0-3.1 a nibble under Triton 3.6 (the
+Triton one 4.3 there, the CUDA-core GEMV 5.7); 4% faster back to back at one row, 8-26%
+in the engine's decode forward at 1-8 rows (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 from compile_sm90 import signature  # noqa: E402
 
+from pagefleet.server.ops import gluon_w4  # noqa: E402
 from pagefleet.server.ops import triton_quant as tq  # noqa: E402
 
 NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -60,7 +65,11 @@ def compile_sass(fn, ptrs: dict, cx: dict, warps: int, stages: int, aligned: lis
     """The kernel's SASS for sm_90, with `aligned` arguments specialized as multiples of 16
     (as Triton does for the real launch's pointers and sizes)."""
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
+    if getattr(fn, "is_gluon", lambda: False)():   # a Gluon kernel (gluon_w4)
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn, signature(fn, ptrs, cx), cx, attrs)
+    else:
+        src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -140,6 +149,17 @@ def main() -> None:
             ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "out_ptr", *sizes],
             128 * bn / (32 * w4["gemv_tc_warps"]))
         for bn in (w4["gemv_tc_block_n"], 128) for m in (8, 16)}
+    if gluon_w4.IMPORTED:
+        bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+        cases[f"w4a16 Gluon tensor-core gemv (AWQ, group 128, {bn} columns, fp16)"] = (
+            gluon_w4._w4_gemv_mma_kernel,
+            {**int4, "x_ptr": "*fp16", "b_ptr": "*fp16", "part_ptr": "*fp32",
+             "res_ptr": "*fp16", "cnt_ptr": "*i32"},
+            {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
+             "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
+             "PDL": 1},
+            warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
+            128 * bn / (32 * warps))
     result = {}
     for name, (fn, ptrs, cx, warps, stages, aligned, per_thread) in cases.items():
         body = innermost_loop(compile_sass(fn, ptrs, cx, warps, stages, aligned))
