@@ -47,15 +47,9 @@ try:   # Gluon ships with Triton 3.4+ and its API still moves: any import failur
 except ImportError:   # pragma: no cover - depends on the installed Triton
     IMPORTED = False
 
-# On a Triton release CI does not compile this kernel with, the Triton kernel serves
-# (gluon_common). PAGEFLEET_GLUON_PREFILL=0 switches it off.
-TESTED_TRITON = gluon_common.TESTED_TRITON
-supported_triton = gluon_common.supported_triton
-
-
 # IMPORTED: the kernel is defined (compile_sm90 compiles it whatever serves);
-# AVAILABLE: it serves.
-AVAILABLE = (IMPORTED and supported_triton(triton.__version__)
+# AVAILABLE: it serves (a tested Triton release, PAGEFLEET_GLUON_PREFILL not 0).
+AVAILABLE = (IMPORTED and gluon_common.supported_triton(triton.__version__)
              and gluon_common.env_switch("PAGEFLEET_GLUON_PREFILL"))
 
 # Launch parameters. block_n must divide the page size (a key tile is one TMA box).

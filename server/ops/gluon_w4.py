@@ -39,7 +39,6 @@ import torch
 import triton
 
 from pagefleet.server.ops import gluon_common
-from pagefleet.server.ops.gluon_common import supported_triton
 
 try:   # Gluon's API moves between releases: any import failure = off
     from triton.experimental import gluon
@@ -53,7 +52,7 @@ except ImportError:   # pragma: no cover - depends on the installed Triton
 
 
 # PAGEFLEET_GLUON_GEMV=0 keeps the Triton GEMVs everywhere (gluon_common.env_switch)
-AVAILABLE = (IMPORTED and supported_triton(triton.__version__)
+AVAILABLE = (IMPORTED and gluon_common.supported_triton(triton.__version__)
              and gluon_common.env_switch("PAGEFLEET_GLUON_GEMV"))
 
 # K rows a tile (one operand's width, inside one quantization group) and operand B's
@@ -175,8 +174,7 @@ if IMPORTED:
 
     @gluon.jit
     def _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
-                      B_L: gl.constexpr, MMA: gl.constexpr, W_L: gl.constexpr,
-                      F16: gl.constexpr):
+                      B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr):
         """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
         MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
         zz = gl.broadcast(w, ((MAGIC + z) * 0x10001)[:, None])[1]
@@ -236,7 +234,7 @@ if IMPORTED:
             w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                                  gl.minimum(k0 + BK, last_k), k_start, N,
                                                  GROUP, HAS_ZERO)
-            acc += _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N, A_L, B_L, MMA, W_L, F16)
+            acc += _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N, A_L, B_L, MMA, F16)
             x_ptrs += BK
         # the result: stored, or this split's partial and the tile's last program sums
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))

@@ -948,7 +948,6 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return o.result(splits, bias, x.dtype)
 
 
-
 # -- fp8 ------------------------------------------------------------------------------------
 
 @triton.jit

@@ -115,28 +115,8 @@ def test_gluon_kernel_only_on_the_tritons_it_was_compiled_and_run_with(version, 
     between releases, and an untested one would fail at warm-up where the Triton kernel
     serves a few percent slower. Off the GPU it never applies (these tests run the Triton
     kernel with `gluon_pingpong` on)."""
-    from pagefleet.server.ops import gluon_attention
-    assert gluon_attention.supported_triton(version) is ok
+    from pagefleet.server.ops import gluon_attention, gluon_common
+    assert gluon_common.supported_triton(version) is ok
     q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
     assert not gluon_attention.usable(q, torch.zeros(2, 128, 2, 64, dtype=torch.bfloat16))
     assert triton_attention.PREFILL_CONFIG["gluon_pingpong"]
-
-
-def test_gluon_kernel_switch(monkeypatch):
-    """PAGEFLEET_GLUON_PREFILL=0 leaves prefill to the Triton kernel everywhere; a value
-    that is neither 0 nor 1 is an error naming the variable, not a silent default."""
-    import importlib
-
-    from pagefleet.server.ops import gluon_attention
-    try:
-        monkeypatch.setenv("PAGEFLEET_GLUON_PREFILL", "0")
-        assert not importlib.reload(gluon_attention).AVAILABLE
-        monkeypatch.setenv("PAGEFLEET_GLUON_PREFILL", "yes")
-        with pytest.raises(ValueError, match="PAGEFLEET_GLUON_PREFILL"):
-            importlib.reload(gluon_attention)
-        monkeypatch.setenv("PAGEFLEET_GLUON_PREFILL", "1")
-        assert importlib.reload(gluon_attention).AVAILABLE is gluon_attention.supported_triton(
-            __import__("triton").__version__)
-    finally:
-        monkeypatch.delenv("PAGEFLEET_GLUON_PREFILL")
-        importlib.reload(gluon_attention)

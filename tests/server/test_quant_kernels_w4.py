@@ -205,24 +205,3 @@ def test_gluon_gemv_takes_only_what_it_computes(m, n, k, group, dtype, fits):
     x = torch.zeros(max(m, 1), k, dtype=dtype)
     assert not gluon_w4.usable(x, n, k, group, 64)
 
-
-def test_gluon_gemv_switch(monkeypatch):
-    """PAGEFLEET_GLUON_GEMV=0 keeps the Triton GEMVs everywhere; a value other than 0 or 1
-    is an error naming the variable."""
-    import importlib
-
-    import triton
-
-    from pagefleet.server.ops import gluon_w4
-    try:
-        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "0")
-        assert not importlib.reload(gluon_w4).AVAILABLE
-        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "on")
-        with pytest.raises(ValueError, match="PAGEFLEET_GLUON_GEMV"):
-            importlib.reload(gluon_w4)
-        monkeypatch.setenv("PAGEFLEET_GLUON_GEMV", "1")
-        assert importlib.reload(gluon_w4).AVAILABLE is (
-            gluon_w4.IMPORTED and gluon_w4.supported_triton(triton.__version__))
-    finally:
-        monkeypatch.delenv("PAGEFLEET_GLUON_GEMV")
-        importlib.reload(gluon_w4)
