@@ -7,15 +7,19 @@ from __future__ import annotations
 import importlib
 
 import pytest
-import triton
 
-from pagefleet.server.ops import gluon_attention, gluon_common, gluon_w4
+# kernel_helpers first: it sets TRITON_INTERPRET=1 before anything imports triton (a
+# kernel module imported without it would compile for a GPU in every later test).
+from tests.server import kernel_helpers  # noqa: F401
+import triton  # noqa: E402
 
 
-@pytest.mark.parametrize("module,var", [(gluon_attention, "PAGEFLEET_GLUON_PREFILL"),
-                                        (gluon_w4, "PAGEFLEET_GLUON_GEMV")],
+@pytest.mark.parametrize("name,var", [("gluon_attention", "PAGEFLEET_GLUON_PREFILL"),
+                                      ("gluon_w4", "PAGEFLEET_GLUON_GEMV")],
                          ids=["prefill", "gemv"])
-def test_gluon_kernel_switch(module, var, monkeypatch):
+def test_gluon_kernel_switch(name, var, monkeypatch):
+    from pagefleet.server.ops import gluon_common
+    module = importlib.import_module(f"pagefleet.server.ops.{name}")
     try:
         monkeypatch.setenv(var, "0")
         assert not importlib.reload(module).AVAILABLE
