@@ -28,6 +28,9 @@ moves between threads:
   split-K as the Triton GEMVs do it (partials summed in split order by each tile's last
   program: `triton_common.last_arrival`'s protocol).
 
+`_w4_gemv_ring_kernel` is the same arithmetic with the operands staged through a
+cp.async ring in shared memory; it serves from 8 rows (`triton_quant.ring_serves`).
+
 Gluon does not run under TRITON_INTERPRET: `usable` keeps this kernel to sm_90 GPUs and a
 tested Triton, tests/server/compile_sm90.py compiles it for sm_90 on the CPU, and the
 GPU check compares it with the float32 twin (`benchmarks/gemv_mma_check.py`).
@@ -43,9 +46,12 @@ from pagefleet.server.ops import gluon_common
 try:   # Gluon's API moves between releases: any import failure = off
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # 3.9 / 3.6
+    _async_load = (getattr(async_copy, "async_load", None)          # 3.9 / 3.6
+                   or async_copy.async_copy_global_to_shared)
+    _commit, _wait = async_copy.commit_group, async_copy.wait_group
     IMPORTED = True
 except ImportError:   # pragma: no cover - depends on the installed Triton
     IMPORTED = False
@@ -173,13 +179,13 @@ if IMPORTED:
         return w, s, z
 
     @gluon.jit
-    def _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
+    def _tile_product(w, s, z, x, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
                       B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr):
         """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
         MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
         zz = gl.broadcast(w, ((MAGIC + z) * 0x10001)[:, None])[1]
         a = _operand_a(w, zz, BLOCK_N, A_L, F16)
-        b = _operand_b(gl.load(x_ptrs, mask=x_mask, other=0.0), B_L)
+        b = _operand_b(x, B_L)
         t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
         return t * s[:, None]
 
@@ -212,7 +218,7 @@ if IMPORTED:
         # activations
         xk = gl.arange(0, BK, layout=gl.SliceLayout(1, X_L))
         xm = gl.arange(0, ROWS, layout=gl.SliceLayout(0, X_L))
-        x_ptrs = x_ptr + xm.to(gl.int64)[None, :] * stride_xm + (k_start + xk)[:, None]
+        x_ptrs = x_ptr + xm.to(gl.int64)[None, :] * stride_xm + xk[:, None]
         x_mask = (xm < M)[None, :] & (xk >= 0)[:, None]
         # scales (the accumulator's rows) and zero points (the words' rows)
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
@@ -234,9 +240,16 @@ if IMPORTED:
             w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                                  gl.minimum(k0 + BK, last_k), k_start, N,
                                                  GROUP, HAS_ZERO)
-            acc += _tile_product(w, s, z, x_ptrs, x_mask, BLOCK_N, A_L, B_L, MMA, F16)
-            x_ptrs += BK
-        # the result: stored, or this split's partial and the tile's last program sums
+            x = gl.load(x_ptrs + k0, mask=x_mask, other=0.0)
+            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+        _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
+                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
+
+    @gluon.jit
+    def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
+                stride_om, splits, HAS_BIAS: gl.constexpr, SPLITS_PAD: gl.constexpr,
+                FUSED: gl.constexpr, MMA: gl.constexpr):
+        """The result: stored, or this split's partial and the tile's last program sums."""
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
         mask = (om < M)[None, :] & (sn < N)[:, None]
         offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
@@ -246,7 +259,7 @@ if IMPORTED:
             arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == splits - 1:
                 gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-                tot = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
+                tot = gl.zeros_like(acc)
                 for sp in gl.static_range(SPLITS_PAD):
                     live = (offs * 0 + sp) < splits
                     p = gl.load(part_ptr + sp * stride_os + offs, mask=mask & live, other=0.0,
@@ -260,3 +273,115 @@ if IMPORTED:
                 acc += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
             gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs,
                      acc.to(part_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _ring_issue(words, scl, zps, xs, qw_ptr, s_ptr, z_ptr, x_ptr, wr, wn, sn, zn, xm, xk,
+                    kk, k_start, k_end, M, N, stride_xm, GROUP: gl.constexpr,
+                    HAS_ZERO: gl.constexpr, WEIGHTS: gl.constexpr, ACTS: gl.constexpr):
+        """cp.async of the K tile at row `kk` into one ring stage (nothing past k_end):
+        WEIGHTS its words, scales and zero points (they do not depend on the kernel
+        before), ACTS its activations (they do)."""
+        live = kk < k_end
+        if WEIGHTS:
+            row = (kk - k_start) // 8
+            _async_load(words, qw_ptr + (row + wr).to(gl.int64)[:, None] * N + wn[None, :],
+                        mask=live & (wr >= 0)[:, None] & (wn >= 0)[None, :])
+            g = (kk // GROUP).to(gl.int64) * N
+            _async_load(scl, s_ptr + g + sn, mask=live & (sn >= 0))
+            if HAS_ZERO:
+                _async_load(zps, z_ptr + g + zn, mask=live & (zn >= 0))
+        if ACTS:
+            _async_load(xs, x_ptr + xm.to(gl.int64)[:, None] * stride_xm + (kk + xk)[None, :],
+                        mask=live & (xm < M)[:, None] & (xk >= 0)[None, :])
+
+    @gluon.jit(do_not_specialize=["M", "splits"])
+    def _w4_gemv_ring_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr,
+                             M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
+                             GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
+                             HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+                             WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
+                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
+                             PDL: gl.constexpr):
+        """`_w4_gemv_mma_kernel`'s arithmetic with its operands staged through a ring of
+        STAGES shared-memory tiles filled by cp.async (Marlin's pipeline): STAGES - 1 K
+        tiles in flight a program, held by shared memory instead of registers. Under ncu
+        (H200, gate_up, one row) the register kernel's warps wait on global loads ~5 of
+        every ~9 cycles between issues; here that falls to 0.7, but the shared-memory
+        reads, the barrier a tile and the extra instructions take it back: slower at 1-4
+        rows, ~3% faster a decode step at 8 (BENCHMARKS.md, 2026-12-04, twelfth session;
+        `triton_quant.ring_serves`). The first STAGES - 1 tiles' weights are requested
+        before the PDL wait, their activations after it. The scales' and zero points'
+        copies (16 bytes a thread) are smaller than the layout, so the other threads
+        repeat them into the same bytes."""
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        W_L: gl.constexpr = words_layout(BLOCK_N, WARPS)
+        X_L: gl.constexpr = acts_layout(WARPS)
+        # copies: 16 bytes a thread (words 4 columns of a row, activations 8 K rows)
+        WC: gl.constexpr = gl.BlockedLayout([1, 4], [128 // BLOCK_N, BLOCK_N // 4], [WARPS, 1],
+                                            [1, 0])
+        XC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+        SC: gl.constexpr = gl.BlockedLayout([8], [32], [WARPS], [0])
+        ZC: gl.constexpr = gl.BlockedLayout([16], [32], [WARPS], [0])
+        # the words' rows 4c..4c+3 that lanes c = 0..3 read at once fall in distinct banks
+        WS: gl.constexpr = gl.SwizzledSharedLayout(8, 4, 4, [1, 0])
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        words = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BLOCK_N], WS)
+        scl = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, BLOCK_N], FLAT1)
+        zps = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N], FLAT1)
+        xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, ROWS, BK], FLAT)
+        pid_n = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        k_start = pid_s * k_per_split
+        k_end = gl.minimum(K, k_start + k_per_split)
+        n0 = pid_n * BLOCK_N
+        wr = gl.arange(0, 16, layout=gl.SliceLayout(1, WC))
+        wn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WC))
+        cs = n0 + gl.arange(0, BLOCK_N, layout=SC)
+        cz = n0 + gl.arange(0, BLOCK_N, layout=ZC)
+        xm = gl.arange(0, ROWS, layout=gl.SliceLayout(1, XC))
+        xk = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
+        qw_base = qw_ptr + (k_start // 8).to(gl.int64) * N
+        for i in gl.static_range(STAGES - 1):
+            _ring_issue(words.index(i), scl.index(i), zps.index(i), xs.index(i), qw_base,
+                        s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk, k_start + i * BK, k_start,
+                        k_end, M, N, stride_xm, GROUP, HAS_ZERO, True, False)
+            _commit()
+        if PDL:
+            gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+        for i in gl.static_range(STAGES - 1):
+            _ring_issue(words.index(i), scl.index(i), zps.index(i), xs.index(i), qw_base,
+                        s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk, k_start + i * BK, k_start,
+                        k_end, M, N, stride_xm, GROUP, HAS_ZERO, False, True)
+        _commit()
+        _wait(0)
+        sn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
+        t = 0
+        for k0 in range(k_start, k_end, BK):
+            _wait(STAGES - 2)
+            _barrier()   # every thread's copies of tile t landed; every read of t - 1 done
+            st = t % STAGES
+            w = words.index(st).permute([1, 0]).load(W_L)
+            s = scl.index(st).load(gl.SliceLayout(1, MMA)).to(gl.float32)
+            if HAS_ZERO:
+                z = zps.index(st).load(gl.SliceLayout(1, W_L)).to(gl.int32)
+            else:
+                z = gl.full([BLOCK_N], 8, gl.int32, layout=gl.SliceLayout(1, W_L))
+            x = xs.index(st).permute([1, 0]).load(X_L)
+            nxt = (t + STAGES - 1) % STAGES
+            _ring_issue(words.index(nxt), scl.index(nxt), zps.index(nxt), xs.index(nxt),
+                        qw_base, s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk,
+                        k0 + (STAGES - 1) * BK, k_start, k_end, M, N, stride_xm, GROUP,
+                        HAS_ZERO, True, True)
+            _commit()
+            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+            t += 1
+        _wait(0)
+        _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
+                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)

@@ -178,6 +178,15 @@ W4_CONFIG = {
     # kernel before; its tail hides their latency). Same machine, next call: B=1 1.999
     # against 2.030 ms, B=2 2.084 / 2.128, B=8 2.694 / 2.791, the same greedy tokens.
     "gemv_mma_preload": True,
+    # The Gluon GEMV's operands staged through a cp.async ring of gemv_mma_stages K tiles
+    # a program (`gluon_w4._w4_gemv_ring_kernel`, 3 tiles in flight in shared memory
+    # instead of 1 in registers) from gemv_mma_ring_min_m rows (0: never). H200,
+    # 2026-12-04 (twelfth session), the engine's AWQ decode forward (engine_gemv_ab.py,
+    # variants in turn; four machines), ms, register kernel / ring of 4: B=8 2.72 / 2.62,
+    # 2.787 / 2.695, 2.800 / 2.717, 2.846 / 2.770 (gate_up 980 -> 870-880 us a step, o 229
+    # -> 202); B=4 2.403 / 2.517, B=2 2.101 / 2.321, B=1 1.994 / 2.265 (3 and 5 stages the
+    # same or slower). The decode graphs pad 5-8 rows to 8, so the ring serves B=5..8.
+    "gemv_mma_stages": 4, "gemv_mma_ring_min_m": 8,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -805,6 +814,14 @@ def _tc_gemv_ok(m: int, k: int, group_size: int, dtype: torch.dtype) -> bool:
             and k % 128 == 0 and (group_size >= k or group_size % 128 == 0))
 
 
+def ring_serves(m: int, cfg: dict) -> bool:
+    """Whether the Gluon GEMV at `m` input rows stages its operands through the cp.async
+    ring (`gluon_w4._w4_gemv_ring_kernel`) rather than registers: from
+    gemv_mma_ring_min_m rows (0: never), with a ring of at least two tiles."""
+    least = cfg["gemv_mma_ring_min_m"]
+    return bool(least) and m >= least and cfg["gemv_mma_stages"] >= 2
+
+
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
     """`gluon_w4._w4_gemv_mma_kernel`'s launch (the caller checked `gluon_w4.usable`)."""
     m, k = x.shape
@@ -815,15 +832,19 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
     mcfg = {**cfg, "gemv_programs_per_sm": cfg["gemv_mma_programs_per_sm"]}
     splits, per = _splits(tiles, k, 128, x.device, mcfg, gemv=True)
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-    gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
-        x, qweight, scales, zeros if zeros is not None else scales,
-        bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
-        o.part.stride(0), o.part.stride(1), per, splits,
-        GROUP=group_size if group_size < k else 1 << 30,   # one group: every K compiles once
-        HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn, WARPS=warps,
-        F16=x.dtype == torch.float16, PRELOAD=bool(cfg["gemv_mma_preload"]),
-        SPLITS_PAD=o.splits_pad, FUSED=o.fused,
-        num_warps=warps, **launch_opts())
+    args = (x, qweight, scales, zeros if zeros is not None else scales,
+            bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
+            o.part.stride(0), o.part.stride(1), per, splits)
+    common = dict(GROUP=group_size if group_size < k else 1 << 30,   # one group: one compile
+                  HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
+                  WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
+                  FUSED=o.fused, num_warps=warps, **launch_opts())
+    if ring_serves(m, cfg):
+        gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
+                                                       **common)
+    else:
+        gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
+            *args, PRELOAD=bool(cfg["gemv_mma_preload"]), **common)
     return o.result(splits, bias, x.dtype)
 
 

@@ -7,6 +7,7 @@ tests/server/test_kernels_compile.py; prints one line per kernel, exits 1 on a f
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import triton
@@ -380,34 +381,38 @@ def gluon_prefill_splits_registers(target) -> bool:
 
 
 def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
-    """The Gluon w4 GEMV (ops/gluon_w4.py, sm_90 only, not run by the interpreter)
-    compiles with the shipped W4_CONFIG for fp16 and bf16, zero points or none, its K
-    splits summed in the kernel or after: each operand reaches its MMA fragments with no
-    value moving between threads (the kernel's `convert_layout(..., assert_trivial=True)`
-    fails the compile otherwise), the MMAs are mma.sync m16n8k16, and ptxas spills nothing
-    and stays at or under 96 registers (occupancy: each thread's words are its bytes in
-    flight)."""
+    """The Gluon w4 GEMVs (ops/gluon_w4.py, sm_90 only, not run by the interpreter: the
+    register kernel and the cp.async ring kernel at the shipped stages) compile with the
+    shipped W4_CONFIG for fp16 and bf16, zero points or none, their K splits summed in
+    the kernel or after: each operand reaches its MMA fragments with no value moving
+    between threads (the kernels' `convert_layout(..., assert_trivial=True)` fails the
+    compile otherwise), the MMAs are mma.sync m16n8k16, the ring's copies are cp.async,
+    and ptxas spills nothing and stays at or under 96 registers (occupancy: each thread's
+    words are its bytes in flight)."""
     import contextlib
     import io
     import re
 
     from triton import knobs
-    name = "w4 GEMV, Gluon: MMA operands built in registers, few registers, no spills"
+    name = "w4 GEMVs, Gluon: MMA operands built in registers, few registers, no spills"
     if not gw.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
         return False
     from triton.experimental.gluon._runtime import GluonASTSource
-    fn, bn, warps = gw._w4_gemv_mma_kernel, w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
-    aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
-               "stride_xm", "stride_os", "stride_om", "k_per_split"]
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    kernels = {"registers": (gw._w4_gemv_mma_kernel, {"PRELOAD": w4["gemv_mma_preload"]}),
+               "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]})}
     got = {}
-    for dt, zero, fused in (("fp16", True, True), ("bf16", False, False)):
+    for (kind, (fn, own)), (dt, zero, fused) in itertools.product(
+            kernels.items(), (("fp16", True, True), ("bf16", False, False))):
+        aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
+                   "stride_xm", "stride_os", "stride_om", "k_per_split"]
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
         ptrs = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
                 "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32"}
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
-              "F16": dt == "fp16", "PRELOAD": w4["gemv_mma_preload"],
-              "SPLITS_PAD": 4 if fused else 1, "FUSED": fused, "PDL": 1}
+              "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
+              "PDL": 1, **own}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         log = io.StringIO()
         try:
@@ -418,14 +423,17 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                 ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
                                      options={"num_warps": warps}).asm["ptx"]
         except Exception as e:   # noqa: BLE001 - reported like the others
-            print(f"FAILED {name}: {e!r}"[:2000])
+            print(f"FAILED {name} ({kind}, {dt}): {e!r}"[:2000])
             return False
         regs = re.search(r"Used (\d+) registers", log.getvalue())
         spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
-        got[dt] = (int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1,
-                   len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)))
-    if any(r < 0 or r > 96 or sp or not mma for r, sp, mma in got.values()):
-        print(f"FAILED {name}: (registers, spill bytes, mma.sync) {got}")
+        copies = len(re.findall(r"cp\.async\.c[ag]", ptx))
+        got[kind, dt] = (int(regs.group(1)) if regs else -1,
+                         int(spills.group(1)) if spills else -1,
+                         len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
+                         bool(copies) == (kind == "ring"))
+    if any(r < 0 or r > 96 or sp or not mma or not cp for r, sp, mma, cp in got.values()):
+        print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async where due) {got}")
         return False
     print(f"ok {name} {got}")
     return True

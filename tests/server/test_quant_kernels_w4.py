@@ -205,3 +205,18 @@ def test_gluon_gemv_takes_only_what_it_computes(m, n, k, group, dtype, fits):
     x = torch.zeros(max(m, 1), k, dtype=dtype)
     assert not gluon_w4.usable(x, n, k, group, 64)
 
+
+
+@pytest.mark.parametrize("m, changes, ring", [
+    (1, {}, False), (4, {}, False), (7, {}, False), (8, {}, True),
+    (8, {"gemv_mma_ring_min_m": 0}, False),                        # 0: never
+    (8, {"gemv_mma_stages": 1}, False),                            # a ring needs two tiles
+    (2, {"gemv_mma_ring_min_m": 2}, True), (1, {"gemv_mma_ring_min_m": 2}, False),
+])
+def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
+    """The shipped W4_CONFIG stages the Gluon GEMV's operands through the cp.async ring
+    from 8 rows (the decode graphs' size for 5-8 sequences), where it measured faster,
+    and keeps the register kernel below (faster at 1-4 rows; BENCHMARKS.md, 2026-12-04,
+    twelfth session)."""
+    from pagefleet.server.ops import triton_quant as tq
+    assert tq.ring_serves(m, {**tq.W4_CONFIG, **changes}) is ring
