@@ -18,7 +18,10 @@ outside the capture). Rows alternate variants round by round, so drift on the ma
     bash benchmarks/run_quant.sh --phases build,quantize    # the AWQ checkpoint, once
     ENGINE_AB_VARIANTS='[{}, {"W4_CONFIG": {"gemv_programs_per_sm": 12}}]' \
         OUT=$OUT python3 benchmarks/engine_gemv_ab.py [--model DIR] [--batches 1,2] \
-        [--rounds 3] [--quantization fp8]
+        [--rounds 3] [--quantization fp8] [--trace]
+
+--trace adds each kernel role's share of the forward per variant and batch (`_trace`):
+which layer a GEMV change moved, and what the rest of the step costs.
 
 Output: a table (median of each variant's rounds, and every round) and
 $OUT/engine_gemv_ab.json. The first variant is the reference for `same_tokens`: each
@@ -95,6 +98,64 @@ def _time_variant(runner, batch: int, ctx: int) -> tuple[float, list[int]]:
     return ms, tokens
 
 
+# a decode forward's kernels by role; the GEMVs (one kernel name) take their layer role from
+# their order in the layer
+_ROLES = (("_rms_norm", "rmsnorm"), ("_rotary", "rotary+kv store"), ("_decode_reduce", "attn merge"),
+          ("_decode_kernel", "attention"), ("_silu", "silu_and_mul"))
+_GEMV_ROLES = ("qkv", "o", "gate_up", "down")
+
+
+def _trace(runner, batch: int, ctx: int, reps: int = 5) -> dict:
+    """Each kernel role's cost in one decode forward replayed from a graph: the time from
+    the end of the kernel before to its own end (under PDL a kernel starts early and
+    waits, so its duration overlaps the one before; the ends do not), summed per step,
+    and the role's number of kernels. From a chrome trace of `reps` replays."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    pad = next(b for b in runner._decode_sizes if b >= batch)
+    width = runner._graph_width(pad, ctx)
+    with torch.inference_mode():
+        runner._decode_forward(pad, width)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            runner._decode_forward(pad, width)
+        g.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                g.replay()
+            torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    per = len(kernels) // reps
+    cost: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for r in range(reps):
+        run = kernels[r * per:(r + 1) * per]
+        gemvs = 0
+        prev_end = run[0]["ts"]
+        for e in run:
+            name = e["name"]
+            if "gemv" in name or "gemm" in name:
+                role = "gemv " + _GEMV_ROLES[gemvs % 4]
+                gemvs += 1
+            else:
+                role = next((r for key, r in _ROLES if key in name), "other")
+            end = e["ts"] + e["dur"]
+            cost[role] = cost.get(role, 0.0) + max(0.0, end - prev_end) / reps
+            count[role] = count.get(role, 0) + (r == 0)
+            prev_end = max(prev_end, end)
+    total = sum(cost.values())
+    return {"step_us": round(total, 1), "roles": {k: {"us": round(v, 1), "kernels": count[k]}
+                                                  for k, v in sorted(cost.items(),
+                                                                     key=lambda x: -x[1])}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=AWQ_DIR, help="checkpoint (default: run_quant's AWQ)")
@@ -102,6 +163,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--trace", action="store_true",
+                    help="also each kernel role's cost a step, per variant (_trace)")
     args = ap.parse_args()
     variants = json.loads(os.environ.get("ENGINE_AB_VARIANTS", "[{}]"))
     import torch
@@ -126,11 +189,20 @@ def main() -> None:
                 times[i].append(ms)
                 tokens.setdefault(i, tok)
                 log(f"B={batch} round {rnd} {json.dumps(var) or 'shipped'}: {ms:.4f} ms")
+        traces = {}
+        if args.trace:
+            for i, var in enumerate(variants):
+                _apply(var, shipped)
+                try:
+                    traces[i] = _trace(runner, batch, ctx)
+                except Exception as e:  # noqa: BLE001 - the timings above still stand
+                    traces[i] = {"error": repr(e)[:300], "roles": {}, "step_us": 0.0}
+                log(f"B={batch} {json.dumps(var) or 'shipped'} trace {json.dumps(traces[i])}")
         _apply({}, shipped)
         for i, var in enumerate(variants):
             rows.append({"batch": batch, "variant": var or "shipped",
                          "median_ms": statistics.median(times[i]), "rounds_ms": times[i],
-                         "same_tokens": tokens[i] == tokens[0]})
+                         "same_tokens": tokens[i] == tokens[0], "trace": traces.get(i)})
         for r in ids:
             llm.engine.abort_request(r)
         (OUT / "engine_gemv_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
@@ -138,6 +210,10 @@ def main() -> None:
         print(f"B={r['batch']:<3} {json.dumps(r['variant'])[:80]:80s} {r['median_ms']:.4f} ms  "
               f"rounds {' '.join(f'{x:.4f}' for x in r['rounds_ms'])}  "
               f"same tokens {r['same_tokens']}")
+        if r["trace"]:
+            print("      " + "  ".join(f"{k} {v['us']:.0f}us/{v['kernels']}"
+                                       for k, v in r["trace"]["roles"].items())
+                  + f"  (sum {r['trace']['step_us']:.0f} us)")
 
 
 if __name__ == "__main__":

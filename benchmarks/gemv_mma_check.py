@@ -4,13 +4,18 @@ test; tests/server/compile_sm90.py compiles it on the CPU).
 
 For every Qwen2.5-7B layer shape and small odd ones, 1-8 input rows, fp16 and bf16
 activations, zero points or none, 128-row groups and one group a column, with and
-without a bias, split-K summed in the kernel and by a second kernel: the relative error
+without a bias, split-K summed in the kernel and by a second kernel (the cp.async ring
+kernel, `_w4_gemv_ring_kernel`, where the shipped config serves it: 8 rows; at one row
+with 2, 4 and 6 stages below): the relative error
 (max |out - ref| / max |ref|) of the Gluon kernel and of the Triton path it replaces,
 against x @ dequantized weight in float32. A case fails when the Gluon kernel's error
 exceeds twice the Triton path's plus 1e-3, or is not finite. Then a CUDA graph of the
 call replayed twice must equal the eager output (the split-K arrival counters reset).
 
     OUT=$OUT python3 benchmarks/gemv_mma_check.py     # exit 1 on any failure
+
+GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
+the shipped ones (a variant checked before it ships).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ def main() -> int:
         return 1
     torch.manual_seed(0)
     cfg = tq.W4_CONFIG
-    shipped = dict(cfg)
+    shipped = {**cfg, **json.loads(os.environ.get("GEMV_MMA_CONFIG") or "{}")}
     # (N, K, groups): one group a column at a few shapes only (each K compiles anew)
     shapes = [(4608, 3584, (128,)), (3584, 3584, (128, 3584)), (37888, 3584, (128,)),
               (3584, 18944, (128,)), (64, 128, (128,)), (192, 384, (128, 384)),
@@ -77,7 +82,9 @@ def main() -> int:
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     ref = x.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
     for extra in ({"fused_reduce": False}, {"gemv_mma_programs_per_sm": 32},
-                  {"gemv_mma_preload": True},
+                  {"gemv_mma_preload": True}, {"gemv_mma_ring_min_m": 1, "gemv_mma_stages": 2},
+                  {"gemv_mma_ring_min_m": 1, "gemv_mma_stages": 6},
+                  {"gemv_mma_ring_min_m": 1, "fused_reduce": False},
                   {"gemv_mma_block_n": 128}, {"gemv_mma_block_n": 128, "gemv_mma_warps": 8}):
         cfg.clear()
         cfg.update(shipped)
