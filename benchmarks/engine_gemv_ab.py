@@ -100,8 +100,9 @@ def _time_variant(runner, batch: int, ctx: int) -> tuple[float, list[int]]:
 
 # a decode forward's kernels by role; the GEMVs (one kernel name) take their layer role from
 # their order in the layer
-_ROLES = (("_rms_norm", "rmsnorm"), ("_rotary", "rotary+kv store"), ("_decode_reduce", "attn merge"),
-          ("_decode_kernel", "attention"), ("_silu", "silu_and_mul"))
+_ROLES = (("_rms_norm", "rmsnorm"), ("_rotary", "rotary+kv store"),
+          ("_decode_reduce", "attn merge"), ("_decode_kernel", "attention"),
+          ("_silu", "silu_and_mul"))
 _GEMV_ROLES = ("qkv", "o", "gate_up", "down")
 
 
@@ -130,13 +131,13 @@ def _trace(runner, batch: int, ctx: int, reps: int = 5) -> dict:
             torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     per = len(kernels) // reps
     cost: dict[str, float] = {}
     count: dict[str, int] = {}
-    for r in range(reps):
-        run = kernels[r * per:(r + 1) * per]
+    for rep in range(reps):
+        run = kernels[rep * per:(rep + 1) * per]
         gemvs = 0
         prev_end = run[0]["ts"]
         for e in run:
@@ -145,10 +146,10 @@ def _trace(runner, batch: int, ctx: int, reps: int = 5) -> dict:
                 role = "gemv " + _GEMV_ROLES[gemvs % 4]
                 gemvs += 1
             else:
-                role = next((r for key, r in _ROLES if key in name), "other")
+                role = next((label for key, label in _ROLES if key in name), "other")
             end = e["ts"] + e["dur"]
             cost[role] = cost.get(role, 0.0) + max(0.0, end - prev_end) / reps
-            count[role] = count.get(role, 0) + (r == 0)
+            count[role] = count.get(role, 0) + (rep == 0)
             prev_end = max(prev_end, end)
     total = sum(cost.values())
     return {"step_us": round(total, 1), "roles": {k: {"us": round(v, 1), "kernels": count[k]}

@@ -823,7 +823,8 @@ def ring_serves(m: int, cfg: dict) -> bool:
 
 
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
-    """`gluon_w4._w4_gemv_mma_kernel`'s launch (the caller checked `gluon_w4.usable`)."""
+    """The Gluon GEMV's launch: the ring kernel where `ring_serves`, else the register
+    kernel (the caller checked `gluon_w4.usable`); both take the same arguments."""
     m, k = x.shape
     n = qweight.shape[1]
     cfg = W4_CONFIG
