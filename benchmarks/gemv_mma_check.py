@@ -14,12 +14,15 @@ call replayed twice must equal the eager output (the split-K arrival counters re
 
     OUT=$OUT python3 benchmarks/gemv_mma_check.py     # exit 1 on any failure
 
-GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
+At one row the shipped plan stages the activations in shared memory and keeps 1-3 tiles
+of weights in flight (`triton_quant.mma_plan`); three more one-row plans run at every
+shape. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
 the shipped ones (a variant checked before it ships).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -95,6 +98,42 @@ def main() -> int:
         failures += not ok
         rows.append({"variant": extra, "gluon": err, "ok": ok})
         print(("ok " if ok else "FAILED ") + json.dumps(rows[-1]))
+    # the one-row paths (activations staged in shared memory, 1-3 tiles of weights in
+    # flight) in every layer class, odd K tile counts, a bias, bf16; 2-3 tiles at 2 and 5
+    # rows (gemv_mma_rows)
+    one_row = ({"other": {"xsmem": True, "depth": 2}, "unsplit": {"xsmem": True, "depth": 2},
+                "deep": {"xsmem": True, "depth": 3}},
+               {"other": {"depth": 3}, "unsplit": {"depth": 2}, "deep": {"depth": 2}},
+               {"other": {"xsmem": True, "depth": 3, "programs_per_sm": 3},
+                "deep": {"xsmem": True, "programs_per_sm": 16}})
+    rows_variant = {"other": {"depth": 2}, "unsplit": {"depth": 3}, "deep": {"depth": 3}}
+    cases = [(1, "gemv_mma_one_row", v) for v in one_row] + \
+        [(m, "gemv_mma_rows", rows_variant) for m in (2, 5)]
+    for (n, k, _), (m1, key, variant), dtype in itertools.product(
+            shapes, cases, (torch.float16, torch.bfloat16)):
+        qw1 = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+        s1 = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)   # bf16 too
+        z1 = torch.randint(0, 16, s1.shape, device="cuda", dtype=torch.uint8)
+        b1 = (torch.randn(n, device="cuda") * 0.1).to(dtype) if dtype == torch.bfloat16 else None
+        x1 = torch.randn(m1, k, device="cuda", dtype=dtype)
+        ref1 = x1.float() @ quant.w4_dequantize(qw1, s1, z1, 128, torch.float32)
+        ref1 = ref1 + (b1.float() if b1 is not None else 0)
+        cfg.clear()
+        cfg.update({**shipped, "gemv_mma_max_m": 8, key: variant})
+        plan = tq.mma_plan(m1, n, k, torch.cuda.get_device_properties(0).multi_processor_count,
+                           cfg)
+        out = tq.w4a16_linear(x1, qw1, s1, z1, 128, b1).float()
+        err = ((out - ref1).abs().max() / ref1.abs().max()).item()
+        cfg["gemv_mma_max_m"] = 0
+        out = tq.w4a16_linear(x1, qw1, s1, z1, 128, b1).float()
+        err_t = ((out - ref1).abs().max() / ref1.abs().max()).item()
+        ok = err == err and err <= 2 * err_t + 1e-3
+        failures += not ok
+        rows.append({"one_row": variant, "m": m1, "n": n, "k": k, "dtype": str(dtype),
+                     "plan": plan._asdict(), "gluon": err, "triton": err_t, "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]))
+    print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)

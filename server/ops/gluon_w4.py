@@ -24,7 +24,9 @@ moves between threads:
   (1024 or 128) + z per register (inline PTX; exact: small integers);
 - each K tile's MMAs accumulate from zero and the group's scale multiplies the float32
   result (the Triton tensor-core GEMV's arithmetic, so the same rounding);
-- the next tile's words, scales and zero points load while this tile is multiplied;
+- the next tiles' words, scales and zero points load while this tile is multiplied
+  (1-3 tiles ahead; at one row the program's K split of the row waits in shared
+  memory: `triton_quant.mma_plan` decides per layer class);
   split-K as the Triton GEMVs do it (partials summed in split order by each tile's last
   program: `triton_common.last_arrival`'s protocol).
 
@@ -52,6 +54,8 @@ try:   # Gluon's API moves between releases: any import failure = off
     _async_load = (getattr(async_copy, "async_load", None)          # 3.9 / 3.6
                    or async_copy.async_copy_global_to_shared)
     _commit, _wait = async_copy.commit_group, async_copy.wait_group
+    REINTERPRET = triton.language.constexpr(
+        hasattr(gl.shared_memory_descriptor, "reinterpret"))
     IMPORTED = True
 except ImportError:   # pragma: no cover - depends on the installed Triton
     IMPORTED = False
@@ -104,10 +108,15 @@ def _acts_layout(warps: int) -> "gl.DistributedLinearLayout":
     return gl.DistributedLinearLayout(reg, lane, warp, [], [128, 8])
 
 
+def _at_least_one(n: int) -> int:
+    return max(int(n), 1)
+
+
 if IMPORTED:   # built inside the kernel from its constexprs (a layout argument would not
     # serialize into Triton's cache hook, which server/ops/compile_watch.py installs)
     words_layout = gluon.constexpr_function(_words_layout)
     acts_layout = gluon.constexpr_function(_acts_layout)
+    at_least_one = gluon.constexpr_function(_at_least_one)
 
 
 def _pair_asm(f16: bool) -> str:
@@ -189,6 +198,33 @@ if IMPORTED:
         t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
         return t * s[:, None]
 
+    @gluon.jit
+    def _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N: gl.constexpr,
+              A_L: gl.constexpr, B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr,
+              X_L: gl.constexpr, XS_TILES: gl.constexpr):
+        """`acc` plus the K tile at row `k0`: its activations from the shared-memory copy
+        of the one input row (XS_TILES; every operand column gets that row, and the
+        columns past M are never stored) or from global memory."""
+        if XS_TILES:
+            x1 = xs.index((k0 - k_start) // BK).load(gl.SliceLayout(1, X_L))
+            x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
+        else:
+            x = gl.load(x_ptrs + k0, mask=x_mask, other=0.0)
+        return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+
+    @gluon.jit
+    def _stage_row(xs2, x_ptr, k_start, k_end, XS_TILES: gl.constexpr, WARPS: gl.constexpr):
+        """The program's K split of input row 0 into shared memory (one cp.async a
+        thread per 8 activations, nothing past k_end), waited for by every thread."""
+        XC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+        ti = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, XC))
+        ki = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
+        kk = k_start + ti[:, None] * BK + ki[None, :]
+        _async_load(xs2, x_ptr + kk, mask=kk < k_end)
+        _commit()
+        _wait(0)
+        _barrier()
+
     @gluon.jit(do_not_specialize=["M", "splits"])
     def _w4_gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr,
                             M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
@@ -196,17 +232,32 @@ if IMPORTED:
                             HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
                             WARPS: gl.constexpr, F16: gl.constexpr, PRELOAD: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                            PDL: gl.constexpr):
+                            PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
+                            XS_TILES: gl.constexpr = 0):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
-        multiple of 128) for all M <= 8 input rows. PRELOAD: the first tile's weights are
+        multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
-        under PDL their latency overlaps that kernel's tail."""
+        under PDL their latency overlaps that kernel's tail.
+
+        DEPTH (1-3): K tiles of weights loaded ahead, the loop unrolled DEPTH times (no
+        register copies). ptxas puts every global load of the loop on one scoreboard
+        (benchmarks/sass_scoreboards.py; BENCHMARKS.md, 2026-12-04, thirteenth session), so a
+        warp's first use of a tile waits for all its loads in flight: the prefetch does
+        not pipeline, it batches, and DEPTH tiles share one memory latency.
+        XS_TILES (M = 1 only; a power of two, at least the split's K tiles): the input
+        row staged in shared memory once, so no tile waits on an L2 read of its
+        activations right before its MMA."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         W_L: gl.constexpr = words_layout(BLOCK_N, WARPS)
         X_L: gl.constexpr = acts_layout(WARPS)
+        XT: gl.constexpr = at_least_one(XS_TILES)
+        # written as one [tiles, 128] copy, read a tile at a time (a rank-1 view)
+        xs2 = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [XT, BK],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        xs = _row_view(xs2, XT, REINTERPRET)
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
         k_start = pid_s * k_per_split
@@ -220,30 +271,85 @@ if IMPORTED:
         xm = gl.arange(0, ROWS, layout=gl.SliceLayout(0, X_L))
         x_ptrs = x_ptr + xm.to(gl.int64)[None, :] * stride_xm + xk[:, None]
         x_mask = (xm < M)[None, :] & (xk >= 0)[:, None]
+        xzero = gl.zeros([BK, ROWS], x_ptr.dtype.element_ty, layout=X_L)
         # scales (the accumulator's rows) and zero points (the words' rows)
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
         last_k = k_end - BK
         if PRELOAD:
-            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start,
-                                                 k_start, N, GROUP, HAS_ZERO)
+            wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
+                w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
         if PDL:
             gdc_wait()
         if PDL == 2:
             gdc_launch_dependents()
         if not PRELOAD:
-            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start,
-                                                 k_start, N, GROUP, HAS_ZERO)
-        for k0 in range(k_start, k_end, BK):
-            w, s, z = w_next, s_next, z_next
-            # the next tile (the last reloads itself)
-            w_next, s_next, z_next = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
-                                                 gl.minimum(k0 + BK, last_k), k_start, N,
-                                                 GROUP, HAS_ZERO)
-            x = gl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+            wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
+                w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
+        if XS_TILES:
+            _stage_row(xs2, x_ptr, k_start, k_end, XS_TILES, WARPS)
+        if DEPTH == 1:
+            for k0 in range(k_start, k_end, BK):
+                w, s, z = wa, sa, za
+                # the next tile (the last reloads itself)
+                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                         gl.minimum(k0 + BK, last_k), k_start, N, GROUP,
+                                         HAS_ZERO)
+                acc = _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N,
+                            A_L, B_L, MMA, F16, X_L, XS_TILES)
+        else:
+            # each buffer multiplied, then refilled with the tile DEPTH ahead
+            for k0 in range(k_start, k_end, DEPTH * BK):
+                acc = _step(acc, wa, sa, za, xs, x_ptrs, x_mask, k0, k_start, xzero,
+                            BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
+                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                         gl.minimum(k0 + DEPTH * BK, last_k), k_start, N,
+                                         GROUP, HAS_ZERO)
+                if k0 + BK < k_end:
+                    acc = _step(acc, wb, sb, zb, xs, x_ptrs, x_mask, k0 + BK, k_start,
+                                xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
+                wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                         gl.minimum(k0 + (DEPTH + 1) * BK, last_k), k_start,
+                                         N, GROUP, HAS_ZERO)
+                if DEPTH == 3:
+                    if k0 + 2 * BK < k_end:
+                        acc = _step(acc, wc, sc, zc, xs, x_ptrs, x_mask, k0 + 2 * BK,
+                                    k_start, xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L,
+                                    XS_TILES)
+                    wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                             gl.minimum(k0 + 5 * BK, last_k), k_start, N,
+                                             GROUP, HAS_ZERO)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
+
+    @gluon.jit
+    def _first_tiles(w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP: gl.constexpr,
+                     HAS_ZERO: gl.constexpr, DEPTH: gl.constexpr):
+        """The split's first DEPTH tiles (the rest of the three: the first again, unused)."""
+        wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn, k_start, k_start, N, GROUP,
+                                 HAS_ZERO)
+        wb, sb, zb = wa, sa, za
+        wc, sc, zc = wa, sa, za
+        if DEPTH >= 2:
+            wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                     gl.minimum(k_start + BK, last_k), k_start, N, GROUP,
+                                     HAS_ZERO)
+        if DEPTH == 3:
+            wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                                     gl.minimum(k_start + 2 * BK, last_k), k_start, N, GROUP,
+                                     HAS_ZERO)
+        return wa, sa, za, wb, sb, zb, wc, sc, zc
+
+    @gluon.jit
+    def _row_view(xs2, XT: gl.constexpr, NEW: gl.constexpr):
+        """`[XT, 128]` shared memory seen with a rank-1 layout, so that indexing a tile
+        gives a `[128]` view (3.9 names the call `reinterpret`, 3.6 `_reinterpret`)."""
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        if NEW:
+            v = xs2.reinterpret(xs2.dtype, [XT, BK], FLAT1)
+        else:
+            v = xs2._reinterpret(xs2.dtype, [XT, BK], FLAT1)
+        return v
 
     @gluon.jit
     def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,

@@ -44,6 +44,7 @@ on the GPU; tests shrink them). No kernel reads a device value back: CUDA-graph 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -187,6 +188,27 @@ W4_CONFIG = {
     # -> 202); B=4 2.403 / 2.517, B=2 2.101 / 2.321, B=1 1.994 / 2.265 (3 and 5 stages the
     # same or slower). The decode graphs pad 5-8 rows to 8, so the ring serves B=5..8.
     "gemv_mma_stages": 4, "gemv_mma_ring_min_m": 8,
+    # At one input row (the B=1 decode step), per layer class (`mma_plan`): "unsplit"
+    # (the output tiles alone fill the split-K target: gate_up), "deep" (K at least
+    # gemv_deep_ratio x N: down), "other". "xsmem": the program's K split of the row
+    # staged in shared memory once (up to gemv_mma_xsmem_max_tiles K tiles), so no tile
+    # waits on an L2 read of its activations; "depth": K tiles of weights in flight a
+    # thread (1-3); "programs_per_sm": the split-K target. H200, 2026-12-04 (thirteenth
+    # session). The engine's AWQ decode forward (engine_gemv_ab.py, variants in turn):
+    # B=1 1.913-1.918 against 1.983 ms (gate_up 755-766 against 798 us a step, down
+    # 438-440 against 463); gate_up alone 1.944; depth 3 without xsmem 1.977; "other"
+    # (qkv, o) staged at 4 an SM 1.924, 2 deep 1.985. Back to back (28 in a graph, a
+    # probe kept out of the tree: results/2026-12-04d-*-probe.*), us a GEMV: gate_up
+    # 38.3-38.5 -> 26.5 (depth 2: 30.4-30.6, xsmem alone 36.4, read floor 17.9), down
+    # 17.2-17.4 -> 15.2-15.3 (depth 2 or 3 slower; floor 10.1).
+    "gemv_mma_one_row": {"unsplit": {"xsmem": True, "depth": 3},
+                         "deep": {"xsmem": True, "programs_per_sm": 8}},
+    "gemv_mma_xsmem_max_tiles": 64,
+    # The same per-class overrides (no "xsmem") for 2 rows up to the ring's. The
+    # engine's AWQ decode forward (engine_gemv_ab.py, same session, one machine): gate_up
+    # 3 tiles deep B=2 2.096 against 2.119 ms, B=4 2.260 against 2.303 (depth 2 slower:
+    # 2.193 / 2.372; depth 2 for the other classes 2.361 / 2.551).
+    "gemv_mma_rows": {"unsplit": {"depth": 3}},
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -822,16 +844,46 @@ def ring_serves(m: int, cfg: dict) -> bool:
     return bool(least) and m >= least and cfg["gemv_mma_stages"] >= 2
 
 
+class MmaPlan(NamedTuple):
+    """How the Gluon GEMV runs one call (`mma_plan`)."""
+    splits: int      # K splits
+    per: int         # K rows a split (a multiple of 128)
+    ring: bool       # the cp.async ring kernel (else the register kernel)
+    depth: int       # K tiles of weights in flight a thread (register kernel)
+    xs_tiles: int    # one input row staged in shared memory: tiles allocated (0: not)
+
+
+def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict) -> MmaPlan:
+    """The Gluon GEMV's launch for `m` rows of an (N, K) layer on `sms` multiprocessors:
+    the split-K target, and at one row the overrides of the layer's class
+    (cfg['gemv_mma_one_row']). Decided from the shape alone: a captured graph replays it."""
+    tiles = n // cfg["gemv_mma_block_n"]
+    pps = cfg["gemv_mma_programs_per_sm"]
+    splits, per = _splits(tiles, k, 128, None, {**cfg, "target_programs": pps * sms})
+    if ring_serves(m, cfg):
+        return MmaPlan(splits, per, True, 1, 0)
+    cls = ("unsplit" if splits == 1 else
+           "deep" if k >= cfg["gemv_deep_ratio"] * n else "other")
+    over = cfg["gemv_mma_one_row" if m == 1 else "gemv_mma_rows"].get(cls, {})
+    if "programs_per_sm" in over:
+        target = over["programs_per_sm"] * sms
+        splits, per = _splits(tiles, k, 128, None, {**cfg, "target_programs": target})
+    tiles_k = per // 128
+    xs = (triton.next_power_of_2(tiles_k) if m == 1 and over.get("xsmem")
+          and tiles_k <= cfg["gemv_mma_xsmem_max_tiles"] else 0)
+    return MmaPlan(splits, per, False, over.get("depth", 1), xs)
+
+
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
-    """The Gluon GEMV's launch: the ring kernel where `ring_serves`, else the register
+    """The Gluon GEMV's launch as `mma_plan` decides: the ring kernel or the register
     kernel (the caller checked `gluon_w4.usable`); both take the same arguments."""
     m, k = x.shape
     n = qweight.shape[1]
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
-    mcfg = {**cfg, "gemv_programs_per_sm": cfg["gemv_mma_programs_per_sm"]}
-    splits, per = _splits(tiles, k, 128, x.device, mcfg, gemv=True)
+    plan = mma_plan(m, n, k, sm_count(x.device), cfg)
+    splits, per = plan.splits, plan.per
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
             bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
@@ -840,12 +892,13 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts())
-    if ring_serves(m, cfg):
+    if plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)
     else:
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
-            *args, PRELOAD=bool(cfg["gemv_mma_preload"]), **common)
+            *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
+            XS_TILES=plan.xs_tiles, **common)
     return o.result(splits, bias, x.dtype)
 
 
@@ -916,8 +969,9 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
-    if m <= cfg["gemv_mma_max_m"] and gluon_w4.usable(x, n, k, group_size,
-                                                      cfg["gemv_mma_block_n"]):
+    if m <= cfg["gemv_mma_max_m"] and gluon_w4.usable(
+            x, n, k, group_size, cfg["gemv_mma_block_n"]) and scales.data_ptr() % 16 == 0:
+        # (16-byte aligned scales: the ring kernel copies them 16 bytes at a time)
         return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias)
     if _tc_gemv_ok(m, k, group_size, x.dtype):
         return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)

@@ -382,11 +382,13 @@ def gluon_prefill_splits_registers(target) -> bool:
 
 def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     """The Gluon w4 GEMVs (ops/gluon_w4.py, sm_90 only, not run by the interpreter: the
-    register kernel and the cp.async ring kernel at the shipped stages) compile with the
-    shipped W4_CONFIG for fp16 and bf16, zero points or none, their K splits summed in
-    the kernel or after: each operand reaches its MMA fragments with no value moving
-    between threads (the kernels' `convert_layout(..., assert_trivial=True)` fails the
-    compile otherwise), the MMAs are mma.sync m16n8k16, the ring's copies are cp.async,
+    register kernel one tile deep, at one row with the row staged in shared memory and
+    the shipped depth, at more rows the shipped depth, and the cp.async ring kernel at
+    the shipped stages) compile with the shipped W4_CONFIG for fp16 and bf16, zero points
+    or none, their K splits summed in the kernel or after: each operand reaches its MMA
+    fragments with no value moving between threads (the kernels' `convert_layout(...,
+    assert_trivial=True)` fails the compile otherwise), the MMAs are mma.sync m16n8k16,
+    the ring's copies and the staged row's are cp.async (and nothing else's),
     and ptxas spills nothing and stays at or under 96 registers (occupancy: each thread's
     words are its bytes in flight)."""
     import contextlib
@@ -400,7 +402,15 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         return False
     from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
-    kernels = {"registers": (gw._w4_gemv_mma_kernel, {"PRELOAD": w4["gemv_mma_preload"]}),
+    pre = {"PRELOAD": w4["gemv_mma_preload"]}
+    one = w4["gemv_mma_one_row"]["unsplit"]
+    kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
+               # one row: staged in shared memory (by cp.async), weights tiles deep
+               "one row": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": one["depth"],
+                                                    "XS_TILES": 32}),
+               "rows deep": (gw._w4_gemv_mma_kernel,
+                             {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
+                              "XS_TILES": 0}),
                "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]})}
     got = {}
     for (kind, (fn, own)), (dt, zero, fused) in itertools.product(
@@ -431,7 +441,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         got[kind, dt] = (int(regs.group(1)) if regs else -1,
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
-                         bool(copies) == (kind == "ring"))
+                         bool(copies) == (kind in ("ring", "one row")))
     if any(r < 0 or r > 96 or sp or not mma or not cp for r, sp, mma, cp in got.values()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async where due) {got}")
         return False

@@ -220,3 +220,38 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
     twelfth session)."""
     from pagefleet.server.ops import triton_quant as tq
     assert tq.ring_serves(m, {**tq.W4_CONFIG, **changes}) is ring
+
+
+@pytest.mark.parametrize("m, n, k, sms, plan", [
+    # Qwen2.5-7B's layers on an H200's 132 multiprocessors: (splits, K a split, ring,
+    # tiles of weights in flight, tiles of the row staged in shared memory)
+    (1, 37888, 3584, 132, (1, 3584, False, 3, 32)),    # gate_up: unsplit
+    (1, 3584, 18944, 132, (17, 1152, False, 1, 16)),   # down: deep, 8 programs an SM
+    (1, 4608, 3584, 132, (10, 384, False, 1, 0)),      # qkv: as before
+    (1, 3584, 3584, 132, (14, 256, False, 1, 0)),      # o
+    (2, 37888, 3584, 132, (1, 3584, False, 3, 0)),     # 2-4 rows: no staged row
+    (4, 3584, 18944, 132, (14, 1408, False, 1, 0)),    # ... and the base split
+    (8, 37888, 3584, 132, (1, 3584, True, 1, 0)),      # the ring's rows
+    # one multiprocessor: down is unsplit, its 148 K tiles too many to stage
+    (1, 3584, 18944, 1, (1, 18944, False, 3, 0)),
+])
+def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, plan):
+    """At one row the Gluon GEMV stages the input row in shared memory and keeps three
+    tiles of gate_up's weights in flight, and splits down over 8 programs an SM; at 2-4
+    rows gate_up is three tiles deep too (W4_CONFIG gemv_mma_one_row / gemv_mma_rows:
+    BENCHMARKS.md, 2026-12-04, thirteenth session). The plan depends on the shape and the
+    GPU only, so a captured graph replays it."""
+    from pagefleet.server.ops import triton_quant as tq
+    got = tq.mma_plan(m, n, k, sms, tq.W4_CONFIG)
+    assert tuple(got) == plan
+    assert got.splits * got.per >= k > (got.splits - 1) * got.per
+    assert got.xs_tiles * 128 * 2 <= 16 * 1024   # the staged row's shared memory
+
+
+def test_gluon_gemv_stages_only_one_row():
+    """The shared-memory copy holds one input row (every MMA column reads it, and only
+    column 0 is stored), so no config can stage it for more rows."""
+    from pagefleet.server.ops import triton_quant as tq
+    cfg = {**tq.W4_CONFIG, "gemv_mma_rows": {"unsplit": {"xsmem": True, "depth": 2}}}
+    assert [tq.mma_plan(m, 37888, 3584, 132, cfg)[3:] for m in (1, 2, 4)] == \
+        [(3, 32), (2, 0), (2, 0)]
