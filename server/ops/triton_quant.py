@@ -197,10 +197,10 @@ W4_CONFIG = {
     # session). The engine's AWQ decode forward (engine_gemv_ab.py, variants in turn):
     # B=1 1.913-1.918 against 1.983 ms (gate_up 755-766 against 798 us a step, down
     # 438-440 against 463); gate_up alone 1.944; depth 3 without xsmem 1.977; "other"
-    # (qkv, o) staged at 4 an SM 1.924, 2 deep 1.985. Back to back (28 in a graph, a
-    # probe kept out of the tree: results/2026-12-04d-*-probe.*), us a GEMV: gate_up
-    # 38.3-38.5 -> 26.5 (depth 2: 30.4-30.6, xsmem alone 36.4, read floor 17.9), down
-    # 17.2-17.4 -> 15.2-15.3 (depth 2 or 3 slower; floor 10.1).
+    # (qkv, o) staged at 4 an SM 1.924, 2 deep 1.985. Back to back (gemv_step_ab.py
+    # GEMV_SHAPES=1): a step's GEMVs 1.879 -> 1.525 ms, gate_up 38.9 -> 26.7 us a GEMV
+    # (read 18.1), down 17.4 -> 15.3 (read 10.2); in a probe depth 2 gave gate_up 30.4-30.6
+    # and the staged row alone 36.4, down 2 or 3 deep was slower.
     "gemv_mma_one_row": {"unsplit": {"xsmem": True, "depth": 3},
                          "deep": {"xsmem": True, "programs_per_sm": 8}},
     "gemv_mma_xsmem_max_tiles": 64,
