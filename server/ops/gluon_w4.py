@@ -109,6 +109,8 @@ def _acts_layout(warps: int) -> "gl.DistributedLinearLayout":
 
 
 def _at_least_one(n: int) -> int:
+    """A shared buffer's tile count: one where the kernel does not use the buffer (a
+    zero-sized allocation is not allowed)."""
     return max(int(n), 1)
 
 
@@ -241,9 +243,10 @@ if IMPORTED:
 
         DEPTH (1-3): K tiles of weights loaded ahead, the loop unrolled DEPTH times (no
         register copies). ptxas puts every global load of the loop on one scoreboard
-        (benchmarks/sass_scoreboards.py; BENCHMARKS.md, 2026-12-04, thirteenth session), so a
-        warp's first use of a tile waits for all its loads in flight: the prefetch does
-        not pipeline, it batches, and DEPTH tiles share one memory latency.
+        (benchmarks/sass_scoreboards.py; BENCHMARKS.md, 2026-12-04, thirteenth
+        session), so a warp's first use of a tile waits for all its loads in flight: the
+        prefetch does not pipeline, it batches, and DEPTH tiles share one memory
+        latency.
         XS_TILES (M = 1 only; a power of two, at least the split's K tiles): the input
         row staged in shared memory once, so no tile waits on an L2 read of its
         activations right before its MMA."""
