@@ -61,22 +61,32 @@ from pagefleet.server.ops import triton_quant as tq  # noqa: E402
 NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
 
 
-def compile_sass(fn, ptrs: dict, cx: dict, warps: int, stages: int, aligned: list[str]) -> str:
-    """The kernel's SASS for sm_90, with `aligned` arguments specialized as multiples of 16
-    (as Triton does for the real launch's pointers and sizes)."""
+def compile_cubin(fn, ptrs: dict, cx: dict, warps: int, stages: int,
+                  aligned: list[str]) -> bytes:
+    """The kernel's cubin for sm_90, with `aligned` arguments specialized as multiples of
+    16 (as Triton does for the real launch's pointers and sizes)."""
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     if getattr(fn, "is_gluon", lambda: False)():   # a Gluon kernel (gluon_w4)
         from triton.experimental.gluon._runtime import GluonASTSource
         src = GluonASTSource(fn, signature(fn, ptrs, cx), cx, attrs)
     else:
         src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages}).asm["cubin"]
+
+
+def disassemble(cubin: bytes, *flags: str) -> str:
+    """nvdisasm's listing of a cubin (`-hex` adds each instruction's encoding)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
+        f.write(cubin)
         f.flush()
-        return subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run([str(NVDISASM), "-c", *flags, f.name], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def compile_sass(fn, ptrs: dict, cx: dict, warps: int, stages: int, aligned: list[str]) -> str:
+    """The kernel's SASS for sm_90 (`compile_cubin`, disassembled)."""
+    return disassemble(compile_cubin(fn, ptrs, cx, warps, stages, aligned))
 
 
 def innermost_loop(sass: str) -> list[str]:
@@ -157,7 +167,7 @@ def main() -> None:
              "res_ptr": "*fp16", "cnt_ptr": "*i32"},
             {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
              "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
-             "PDL": 1},
+             "PDL": 1, "DEPTH": 1, "XS_TILES": 0},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
     result = {}

@@ -23,22 +23,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_loop import NVDISASM  # noqa: E402
+from sass_loop import compile_cubin, disassemble  # noqa: E402
 
 
 def control_bits(cubin: bytes) -> list[tuple[str, str, int, int]]:
     """(address, instruction, write scoreboard or 7, wait mask) per instruction."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        lines = subprocess.run([str(NVDISASM), "-c", "-hex", f.name], capture_output=True,
-                               text=True, check=True).stdout.splitlines()
+    lines = disassemble(cubin, "-hex").splitlines()
     rows = []
     for i, line in enumerate(lines[:-1]):
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* 0x[0-9a-f]+ \*/", line)
@@ -50,10 +44,6 @@ def control_bits(cubin: bytes) -> list[tuple[str, str, int, int]]:
 
 
 def main() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from pagefleet.server.ops import gluon_w4 as gw
     from pagefleet.server.ops.triton_quant import W4_CONFIG
     extra = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {"DEPTH": 1, "XS_TILES": 0}
@@ -67,11 +57,7 @@ def main() -> None:
           "XS_TILES": 0, **extra}
     aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
                "stride_xm", "stride_os", "stride_om", "k_per_split"]
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
-    kernel = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps})
-    rows = control_bits(kernel.asm["cubin"])
+    rows = control_bits(compile_cubin(fn, ptrs, cx, warps, 1, aligned))
     load_sbs = {sb for _, ins, sb, _ in rows if ins.split()[0].lstrip("@!P0123456789 ")
                 .startswith("LDG") and sb != 7}
     print(f"{extra}: LDG scoreboards {sorted(load_sbs)}")
