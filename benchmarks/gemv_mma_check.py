@@ -16,7 +16,8 @@ call replayed twice must equal the eager output (the split-K arrival counters re
 
 At one row the shipped plan stages the activations in shared memory and keeps 1-3 tiles
 of weights in flight (`triton_quant.mma_plan`); three more one-row plans run at every
-shape. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
+shape; the down projection's SiLU-and-mul taken into the staging must give the bits of
+the SiLU kernel then the GEMV. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
 the shipped ones (a variant checked before it ships).
 """
 
@@ -134,6 +135,7 @@ def main() -> int:
         if not ok:
             print("FAILED", json.dumps(rows[-1]))
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
+    failures += _silu_cases(tq, shipped, shapes, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -160,6 +162,46 @@ def main() -> int:
     (out_dir / "gemv_mma_check.json").write_text(json.dumps(
         {"failures": failures, "rows": rows}, indent=1))
     return 1 if failures else 0
+
+
+def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
+    """The down projection with SiLU-and-mul taken into the one-row staging
+    (`w4a16_silu_linear`) against the SiLU kernel then the GEMV: the same bits, at every
+    shape with the row staged in each layer class, fp16 and bf16, zero points or none, a
+    bias or none; and the staging must have served (`silu_stages`)."""
+    import torch
+
+    from pagefleet.server.ops import triton_activation
+    cfg = tq.W4_CONFIG
+    staged = {"other": {"xsmem": True}, "unsplit": {"xsmem": True, "depth": 3},
+              "deep": {"xsmem": True, "programs_per_sm": 8}}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    failures = served = 0
+    for (n, k, _), dtype, zero, with_bias in itertools.product(
+            shapes, (torch.float16, torch.bfloat16), (True, False), (False, True)):
+        cfg.clear()
+        cfg.update({**shipped, "gemv_mma_one_row": staged})
+        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
+        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if with_bias else None
+        x = torch.randn(1, 2 * k, device="cuda", dtype=dtype) * 3
+        fused = tq.w4a16_silu_linear(x, qw, s, z, 128, b)
+        two = tq.w4a16_linear(triton_activation.silu_and_mul(x), qw, s, z, 128, b)
+        stages = tq.silu_stages(1, n, k, sms, cfg)
+        served += stages
+        ok = bool(torch.equal(fused, two))
+        failures += not ok
+        rows.append({"silu": True, "n": n, "k": k, "dtype": str(dtype), "zeros": zero,
+                     "bias": with_bias, "staged": stages, "equal": ok, "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]),
+                  (fused.float() - two.float()).abs().max().item())
+    cfg.clear()
+    cfg.update(shipped)
+    print(f"SiLU staged with the row: {served} of {len(shapes) * 8} cases served, "
+          f"{failures} not equal to the two kernels")
+    return failures + (served == 0)
 
 
 if __name__ == "__main__":

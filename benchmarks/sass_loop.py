@@ -167,7 +167,7 @@ def main() -> None:
              "res_ptr": "*fp16", "cnt_ptr": "*i32"},
             {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
              "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
-             "PDL": 1, "DEPTH": 1, "XS_TILES": 0},
+             "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
     result = {}

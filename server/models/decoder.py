@@ -74,6 +74,14 @@ class Ops:
                               bias)
 
     @classmethod
+    def w4a16_silu_linear(cls, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                          zeros: torch.Tensor | None, group_size: int,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The 4-bit down projection of silu(gate) * up: the two ops in a row here;
+        TritonOps computes the SiLU as the one-row GEMV stages its input."""
+        return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias)
+
+    @classmethod
     def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float,

@@ -215,17 +215,35 @@ if IMPORTED:
         return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
 
     @gluon.jit
-    def _stage_row(xs2, x_ptr, k_start, k_end, XS_TILES: gl.constexpr, WARPS: gl.constexpr):
-        """The program's K split of input row 0 into shared memory (one cp.async a
-        thread per 8 activations, nothing past k_end), waited for by every thread."""
+    def _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
+                   WARPS: gl.constexpr, ACT: gl.constexpr):
+        """The program's K split of input row 0 into shared memory (nothing past k_end),
+        waited for by every thread: one cp.async a thread per 8 activations, or with ACT
+        (the row is `[gate | up]`, 2K wide) silu(gate) * up computed on the way."""
         XC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
         ti = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, XC))
         ki = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
         kk = k_start + ti[:, None] * BK + ki[None, :]
-        _async_load(xs2, x_ptr + kk, mask=kk < k_end)
-        _commit()
-        _wait(0)
+        if ACT:
+            gate = gl.load(x_ptr + kk, mask=kk < k_end, other=0.0)
+            up = gl.load(x_ptr + K + kk, mask=kk < k_end, other=0.0)
+            xs2.store(_silu_mul(gate, up))
+        else:
+            _async_load(xs2, x_ptr + kk, mask=kk < k_end)
+            _commit()
+            _wait(0)
         _barrier()
+
+    @gluon.jit
+    def _silu_mul(gate, up):
+        """silu(gate) * up rounded where `triton_activation.silu_mul` rounds (the
+        activation to the input dtype, then the product), in the input dtype: the same
+        bits as the SiLU kernel (a Gluon function cannot call that Triton one;
+        benchmarks/gemv_mma_check.py compares the two on the GPU)."""
+        dt: gl.constexpr = gate.dtype
+        g = gate.to(gl.float32)
+        act = (g / (1.0 + gl.exp(-g))).to(dt).to(gl.float32)
+        return (act * up.to(gl.float32)).to(dt)
 
     @gluon.jit(do_not_specialize=["M", "splits"])
     def _w4_gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr,
@@ -235,7 +253,7 @@ if IMPORTED:
                             WARPS: gl.constexpr, F16: gl.constexpr, PRELOAD: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
-                            XS_TILES: gl.constexpr = 0):
+                            XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -249,7 +267,10 @@ if IMPORTED:
         latency.
         XS_TILES (M = 1 only; a power of two, at least the split's K tiles): the input
         row staged in shared memory once, so no tile waits on an L2 read of its
-        activations right before its MMA."""
+        activations right before its MMA.
+        ACT (with XS_TILES): x's row is `[gate | up]` (2K wide) and the input is
+        silu(gate) * up, computed as the row is staged (the MLP's down projection without
+        the SiLU kernel before it)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -290,7 +311,7 @@ if IMPORTED:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
         if XS_TILES:
-            _stage_row(xs2, x_ptr, k_start, k_end, XS_TILES, WARPS)
+            _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         if DEPTH == 1:
             for k0 in range(k_start, k_end, BK):
                 w, s, z = wa, sa, za

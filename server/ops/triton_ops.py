@@ -22,5 +22,6 @@ class TritonOps(Ops):
     rotary_and_store = staticmethod(triton_rotary.rotary_and_store)
     silu_and_mul = staticmethod(triton_activation.silu_and_mul)
     w4a16_linear = staticmethod(triton_quant.w4a16_linear)
+    w4a16_silu_linear = staticmethod(triton_quant.w4a16_silu_linear)
     fp8_linear = staticmethod(triton_quant.fp8_linear)
     fp8_silu_linear = staticmethod(triton_quant.fp8_silu_linear)

@@ -209,6 +209,10 @@ W4_CONFIG = {
     # 3 tiles deep B=2 2.096 against 2.119 ms, B=4 2.260 against 2.303 (depth 2 slower:
     # 2.193 / 2.372; depth 2 for the other classes 2.361 / 2.551).
     "gemv_mma_rows": {"unsplit": {"depth": 3}},
+    # Where the plan stages the one input row (above: down), the down projection's GEMV
+    # computes silu(gate) * up as it stages the row (`w4a16_silu_linear`): the same bits,
+    # one launch a layer fewer.
+    "silu_stage": True,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -874,11 +878,13 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict) -> MmaPlan:
     return MmaPlan(splits, per, False, over.get("depth", 1), xs)
 
 
-def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
+def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False):
     """The Gluon GEMV's launch as `mma_plan` decides: the ring kernel or the register
-    kernel (the caller checked `gluon_w4.usable`); both take the same arguments."""
-    m, k = x.shape
-    n = qweight.shape[1]
+    kernel (the caller checked `gluon_w4.usable`); both take the same arguments. `act`:
+    x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
+    `w4a16_silu_linear` checked)."""
+    m = x.shape[0]
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
@@ -898,8 +904,18 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias):
     else:
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **common)
     return o.result(splits, bias, x.dtype)
+
+
+def silu_stages(m: int, n: int, k: int, sms: int, cfg: dict) -> bool:
+    """Whether the Gluon GEMV takes SiLU-and-mul into its row staging for `m` rows of an
+    (N, K) down projection: cfg['silu_stage'] on, and a plan that stages the row (one
+    row, not the ring)."""
+    if not cfg["silu_stage"] or m != 1:
+        return False
+    plan = mma_plan(m, n, k, sms, cfg)
+    return not plan.ring and plan.xs_tiles > 0
 
 
 def _w4_gemv_tc(x, qweight, scales, zeros, group_size, bias):
@@ -970,8 +986,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     if m <= cfg["gemv_mma_max_m"] and gluon_w4.usable(
-            x, n, k, group_size, cfg["gemv_mma_block_n"]) and scales.data_ptr() % 16 == 0:
-        # (16-byte aligned scales: the ring kernel copies them 16 bytes at a time)
+            x, n, k, group_size, cfg["gemv_mma_block_n"]) and _aligned(scales):
         return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias)
     if _tc_gemv_ok(m, k, group_size, x.dtype):
         return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)
@@ -1254,6 +1269,29 @@ def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     x = x.contiguous()
     r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype) if m else None
     return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias) if r is None else r
+
+
+def w4a16_silu_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor | None, group_size: int,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`w4a16_linear(silu_and_mul(x))` (the MLP's down projection): where the Gluon GEMV
+    stages the one input row (`silu_stages`) it computes the SiLU-and-mul as it stages,
+    bit for bit as the two kernels in a row (one launch a layer fewer); else the two."""
+    m, n = x.shape[0], qweight.shape[1]
+    k = qweight.shape[0] * 8
+    if (x.dim() == 2 and x.shape[1] == 2 * k and gluon_w4.usable(
+            x, n, k, group_size, W4_CONFIG["gemv_mma_block_n"])
+            and _aligned(qweight, scales, zeros)
+            and silu_stages(m, n, k, sm_count(x.device), W4_CONFIG)):
+        return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias,
+                            act=True)
+    return w4a16_linear(triton_activation.silu_and_mul(x), qweight, scales, zeros,
+                        group_size, bias)
+
+
+def _aligned(*tensors: torch.Tensor | None) -> bool:
+    """16-byte aligned (None passes): the ring kernel copies scales 16 bytes at a time."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors if t is not None)
 
 
 def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

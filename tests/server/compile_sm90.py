@@ -383,12 +383,14 @@ def gluon_prefill_splits_registers(target) -> bool:
 def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     """The Gluon w4 GEMVs (ops/gluon_w4.py, sm_90 only, not run by the interpreter: the
     register kernel one tile deep, at one row with the row staged in shared memory and
-    the shipped depth, at more rows the shipped depth, and the cp.async ring kernel at
-    the shipped stages) compile with the shipped W4_CONFIG for fp16 and bf16, zero points
+    the shipped depth, the down projection's with the SiLU computed as it stages the row,
+    at more rows the shipped depth, and the cp.async ring kernel at the shipped stages)
+    compile with the shipped W4_CONFIG for fp16 and bf16, zero points
     or none, their K splits summed in the kernel or after: each operand reaches its MMA
     fragments with no value moving between threads (the kernels' `convert_layout(...,
     assert_trivial=True)` fails the compile otherwise), the MMAs are mma.sync m16n8k16,
-    the ring's copies and the staged row's are cp.async (and nothing else's),
+    the ring's copies and the staged row's are cp.async (and nothing else's; the SiLU
+    row's are loads, with the SiLU's exponential),
     and ptxas spills nothing and stays at or under 96 registers (occupancy: each thread's
     words are its bytes in flight)."""
     import contextlib
@@ -402,12 +404,16 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         return False
     from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
-    pre = {"PRELOAD": w4["gemv_mma_preload"]}
+    # (every constexpr named: one left out of the signature compiles as an argument)
+    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
                "one row": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": one["depth"],
                                                     "XS_TILES": 32}),
+               # down at one row: silu(gate) * up computed as the row is staged
+               "one row silu": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 16,
+                                                         "ACT": True}),
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
@@ -438,12 +444,15 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         regs = re.search(r"Used (\d+) registers", log.getvalue())
         spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
         copies = len(re.findall(r"cp\.async\.c[ag]", ptx))
+        exps = len(re.findall(r"ex2\.approx", ptx))
         got[kind, dt] = (int(regs.group(1)) if regs else -1,
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
-                         bool(copies) == (kind in ("ring", "one row")))
+                         bool(copies) == (kind in ("ring", "one row"))
+                         and bool(exps) == (kind == "one row silu"))
     if any(r < 0 or r > 96 or sp or not mma or not cp for r, sp, mma, cp in got.values()):
-        print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async where due) {got}")
+        print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
+              f"due) {got}")
         return False
     print(f"ok {name} {got}")
     return True

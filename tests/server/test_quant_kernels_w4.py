@@ -255,3 +255,20 @@ def test_gluon_gemv_stages_only_one_row():
     cfg = {**tq.W4_CONFIG, "gemv_mma_rows": {"unsplit": {"xsmem": True, "depth": 2}}}
     assert [tq.mma_plan(m, 37888, 3584, 132, cfg)[3:] for m in (1, 2, 4)] == \
         [(3, 32), (2, 0), (2, 0)]
+
+
+@pytest.mark.parametrize("m, n, k, sms, changes, stages", [
+    (1, 3584, 18944, 132, {}, True),                           # down: its row staged
+    (1, 4608, 3584, 132, {}, False),                           # o-like: not staged
+    (2, 3584, 18944, 132, {}, False),                          # one row only
+    (1, 3584, 18944, 132, {"silu_stage": False}, False),       # off
+    (1, 3584, 18944, 132, {"gemv_mma_ring_min_m": 1}, False),  # the ring stages no row
+    (1, 3584, 18944, 1, {}, False),                            # too many K tiles to stage
+])
+def test_gluon_gemv_takes_silu_only_where_it_stages_the_row(m, n, k, sms, changes, stages):
+    """The down projection's SiLU-and-mul moves into the Gluon GEMV only where that GEMV
+    stages the one input row in shared memory (the SiLU is computed on the way in; the
+    other plans read the activations tile by tile and get the SiLU kernel before them).
+    The bits equal the two kernels' (benchmarks/gemv_mma_check.py, on the GPU)."""
+    from pagefleet.server.ops import triton_quant as tq
+    assert tq.silu_stages(m, n, k, sms, {**tq.W4_CONFIG, **changes}) is stages

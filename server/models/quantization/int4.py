@@ -41,3 +41,9 @@ class Int4Method(LinearMethod):
             x = x.index_select(-1, layer.perm)
         return layer.ops.w4a16_linear(x, layer.qweight, layer.scales, layer.zeros,
                                       layer.group_size, bias)
+
+    def apply_silu_mul(self, layer, x, bias):
+        if layer.perm is not None:   # act-order: the input's columns gathered after the SiLU
+            return self.apply(layer, layer.ops.silu_and_mul(x), bias)
+        return layer.ops.w4a16_silu_linear(x, layer.qweight, layer.scales, layer.zeros,
+                                           layer.group_size, bias)
