@@ -173,8 +173,7 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
 
     from pagefleet.server.ops import triton_activation
     cfg = tq.W4_CONFIG
-    staged = {"other": {"xsmem": True}, "unsplit": {"xsmem": True, "depth": 3},
-              "deep": {"xsmem": True, "programs_per_sm": 8}}
+    staged = {**shipped["gemv_mma_one_row"], "other": {"xsmem": True}}   # down as shipped
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     failures = served = 0
     for (n, k, _), dtype, zero, with_bias in itertools.product(

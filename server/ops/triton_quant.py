@@ -201,8 +201,15 @@ W4_CONFIG = {
     # GEMV_SHAPES=1): a step's GEMVs 1.879 -> 1.525 ms, gate_up 38.9 -> 26.7 us a GEMV
     # (read 18.1), down 17.4 -> 15.3 (read 10.2); in a probe depth 2 gave gate_up 30.4-30.6
     # and the staged row alone 36.4, down 2 or 3 deep was slower.
+    # Then (fourteenth session, calls 4 and 5): down 3 tiles deep at 5 programs an SM
+    # (616 programs of 14 tiles: one wave at 96 registers, against 952 of 9 tiles one
+    # deep) 1.9145 / 1.9105 against 1.9252 / 1.9218 ms, down 427 / 425 against 449 / 443
+    # us; 2 deep at 6 an SM 2.067 (down 585). qkv / o deeper at fewer programs (3 deep at
+    # 4-5 an SM, 2 deep at 5; one wave) slower: 1.949-1.966 (qkv 192-199 against 171 us).
+    # At 2-4 rows down deeper at 5 an SM is slower (call 6: B=2 2.094-2.111 against
+    # 2.038, B=4 2.442-2.458 against 2.371; down 523-549 against 463-475 us).
     "gemv_mma_one_row": {"unsplit": {"xsmem": True, "depth": 3},
-                         "deep": {"xsmem": True, "programs_per_sm": 8}},
+                         "deep": {"xsmem": True, "programs_per_sm": 5, "depth": 3}},
     "gemv_mma_xsmem_max_tiles": 64,
     # The same per-class overrides (no "xsmem") for 2 rows up to the ring's. The
     # engine's AWQ decode forward (engine_gemv_ab.py, same session, one machine): gate_up

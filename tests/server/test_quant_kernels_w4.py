@@ -226,7 +226,7 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
     # Qwen2.5-7B's layers on an H200's 132 multiprocessors: (splits, K a split, ring,
     # tiles of weights in flight, tiles of the row staged in shared memory)
     (1, 37888, 3584, 132, (1, 3584, False, 3, 32)),    # gate_up: unsplit
-    (1, 3584, 18944, 132, (17, 1152, False, 1, 16)),   # down: deep, 8 programs an SM
+    (1, 3584, 18944, 132, (11, 1792, False, 3, 16)),   # down: deep, 5 an SM, 3 deep
     (1, 4608, 3584, 132, (10, 384, False, 1, 0)),      # qkv: as before
     (1, 3584, 3584, 132, (14, 256, False, 1, 0)),      # o
     (2, 37888, 3584, 132, (1, 3584, False, 3, 0)),     # 2-4 rows: no staged row
@@ -237,9 +237,10 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
 ])
 def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, plan):
     """At one row the Gluon GEMV stages the input row in shared memory and keeps three
-    tiles of gate_up's weights in flight, and splits down over 8 programs an SM; at 2-4
-    rows gate_up is three tiles deep too (W4_CONFIG gemv_mma_one_row / gemv_mma_rows:
-    BENCHMARKS.md, 2026-12-04, thirteenth session). The plan depends on the shape and the
+    tiles of gate_up's weights in flight, and splits down over 5 programs an SM (one wave
+    at three tiles deep); at 2-4 rows gate_up is three tiles deep too (W4_CONFIG
+    gemv_mma_one_row / gemv_mma_rows: BENCHMARKS.md, 2026-12-04, thirteenth and
+    fourteenth sessions). The plan depends on the shape and the
     GPU only, so a captured graph replays it."""
     from pagefleet.server.ops import triton_quant as tq
     got = tq.mma_plan(m, n, k, sms, tq.W4_CONFIG)
