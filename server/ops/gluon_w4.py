@@ -26,7 +26,8 @@ moves between threads:
   result (the Triton tensor-core GEMV's arithmetic, so the same rounding);
 - the next tiles' words, scales and zero points load while this tile is multiplied
   (1-3 tiles ahead; at one row the program's K split of the row waits in shared
-  memory: `triton_quant.mma_plan` decides per layer class);
+  memory: `triton_quant.mma_plan` decides per layer class; down's staging computes
+  silu(gate) * up from the `[gate | up]` row, `triton_quant.w4a16_silu_linear`);
   split-K as the Triton GEMVs do it (partials summed in split order by each tile's last
   program: `triton_common.last_arrival`'s protocol).
 
