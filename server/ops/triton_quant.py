@@ -992,8 +992,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m >= cfg["dequant_min_m"] and group_size % 8 == 0 and k % 8 == 0:
         w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
-    if m <= cfg["gemv_mma_max_m"] and gluon_w4.usable(
-            x, n, k, group_size, cfg["gemv_mma_block_n"]) and _aligned(scales):
+    if m <= cfg["gemv_mma_max_m"] and _gluon_ok(x, n, k, group_size, scales):
         return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias)
     if _tc_gemv_ok(m, k, group_size, x.dtype):
         return _w4_gemv_tc(x.contiguous(), qweight, scales, zeros, group_size, bias)
@@ -1286,9 +1285,7 @@ def w4a16_silu_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     bit for bit as the two kernels in a row (one launch a layer fewer); else the two."""
     m, n = x.shape[0], qweight.shape[1]
     k = qweight.shape[0] * 8
-    if (x.dim() == 2 and x.shape[1] == 2 * k and gluon_w4.usable(
-            x, n, k, group_size, W4_CONFIG["gemv_mma_block_n"])
-            and _aligned(qweight, scales, zeros)
+    if (x.dim() == 2 and x.shape[1] == 2 * k and _gluon_ok(x, n, k, group_size, scales)
             and silu_stages(m, n, k, sm_count(x.device), W4_CONFIG)):
         return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias,
                             act=True)
@@ -1296,9 +1293,11 @@ def w4a16_silu_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                         group_size, bias)
 
 
-def _aligned(*tensors: torch.Tensor | None) -> bool:
-    """16-byte aligned (None passes): the ring kernel copies scales 16 bytes at a time."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors if t is not None)
+def _gluon_ok(x: torch.Tensor, n: int, k: int, group_size: int, scales: torch.Tensor) -> bool:
+    """The Gluon GEMV can run this call (`gluon_w4.usable`) with 16-byte aligned scales
+    (the ring kernel copies them 16 bytes at a time)."""
+    return (gluon_w4.usable(x, n, k, group_size, W4_CONFIG["gemv_mma_block_n"])
+            and scales.data_ptr() % 16 == 0)
 
 
 def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
