@@ -15,8 +15,9 @@ call replayed twice must equal the eager output (the split-K arrival counters re
     OUT=$OUT python3 benchmarks/gemv_mma_check.py     # exit 1 on any failure
 
 At one row the shipped plan stages the activations in shared memory and keeps 1-3 tiles
-of weights in flight (`triton_quant.mma_plan`); three more one-row plans run at every
-shape; the down projection's SiLU-and-mul taken into the staging must give the bits of
+of weights in flight (`triton_quant.mma_plan`), or for gate_up and down the TMA kernel
+(`server/ops/gluon_w4_tma.py`); five more one-row plans run at every shape (two of them
+the TMA kernel with its ring refilled, odd splits and one-tile splits); the down projection's SiLU-and-mul taken into the staging must give the bits of
 the SiLU kernel then the GEMV. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
 the shipped ones (a variant checked before it ships).
 """
@@ -106,7 +107,14 @@ def main() -> int:
                 "deep": {"xsmem": True, "depth": 3}},
                {"other": {"depth": 3}, "unsplit": {"depth": 2}, "deep": {"depth": 2}},
                {"other": {"xsmem": True, "depth": 3, "programs_per_sm": 3},
-                "deep": {"xsmem": True, "programs_per_sm": 16}})
+                "deep": {"xsmem": True, "programs_per_sm": 16}},
+               # the TMA kernel with its ring refilled (fewer stages than tiles), odd
+               # splits, and a split of one tile
+               {"unsplit": {"tma": {"stages": 3, "maxnreg": 40}},
+                "deep": {"tma": {"split_tiles": 5, "stages": 2, "maxnreg": 48}},
+                "other": {"tma": {"split_tiles": 3, "stages": 3, "maxnreg": 40}}},
+               {"unsplit": {"tma": {"split_tiles": 1, "stages": 1, "maxnreg": 40}},
+                "other": {"tma": {"split_tiles": 2, "stages": 4, "maxnreg": 48}}})
     rows_variant = {"other": {"depth": 2}, "unsplit": {"depth": 3}, "deep": {"depth": 3}}
     cases = [(1, "gemv_mma_one_row", v) for v in one_row] + \
         [(m, "gemv_mma_rows", rows_variant) for m in (2, 5)]

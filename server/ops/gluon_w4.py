@@ -32,7 +32,10 @@ moves between threads:
   program: `triton_common.last_arrival`'s protocol).
 
 `_w4_gemv_ring_kernel` is the same arithmetic with the operands staged through a
-cp.async ring in shared memory; it serves from 8 rows (`triton_quant.ring_serves`).
+cp.async ring in shared memory; it serves from 8 rows (`triton_quant.ring_serves`). At
+one row gate_up and down run `gluon_w4_tma` (the weights streamed by TMA into a
+shared-memory ring by a producer warp), which shares this module's decode and operand
+order and adds `_pair_asm_fma`, the 9-instruction fp16 decode.
 
 Gluon does not run under TRITON_INTERPRET: `usable` keeps this kernel to sm_90 GPUs and a
 tested Triton, tests/server/compile_sm90.py compiles it for sm_90 on the CPU, and the
@@ -138,8 +141,32 @@ def _pair_asm(f16: bool) -> str:
     return " ".join(body)
 
 
+def _pair_asm_fma() -> str:
+    """fp16 only: `_pair_asm`'s result in 9 instructions a word instead of 11 (Marlin's
+    way): the odd nibbles p are masked in place (1024 + 16 q) and one packed FMA takes
+    them to q - z (x 1/16, plus `$10`: the bits of -(64 + z) twice), so one shift serves
+    two nibble pairs. Exact: small integers and multiples of 16 below 1280. (Not bf16:
+    its 7-bit mantissa cannot hold 16 q above 128.)"""
+    magic, ty = "0x64006400", "f16x2"
+    body = ["{ .reg .b32 t, u, c;", "mov.b32 c, 0x2C002C00;"]
+    for p in range(4):
+        src = "$8" if p < 2 else "u"
+        if p == 2:
+            body.append("shr.u32 u, $8, 8;")
+        if p % 2 == 0:
+            body.append(f"lop3.b32 t, {src}, 0x000F000F, {magic}, 0xEA;")
+            body.append(f"sub.rn.{ty} t, t, $9;")
+        else:
+            body.append(f"lop3.b32 t, {src}, 0x00F000F0, {magic}, 0xEA;")
+            body.append(f"fma.rn.{ty} t, t, c, $10;")
+        body.append(f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, t;")
+    body.append("}")
+    return " ".join(body)
+
+
 ASM_F16 = triton.language.constexpr(_pair_asm(True))
 ASM_BF16 = triton.language.constexpr(_pair_asm(False))
+ASM_FMA_F16 = triton.language.constexpr(_pair_asm_fma())
 
 
 if IMPORTED:
@@ -156,10 +183,34 @@ if IMPORTED:
         return r
 
     @gluon.jit
+    def _decode_fma(w, zz, zh):
+        """`_decode`'s fp16 values by `_pair_asm_fma` (`zh`: the bits of -(64 + z))."""
+        return gl.inline_asm_elementwise(ASM_FMA_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
+                                         [w, zz, zh], dtype=(gl.float16,) * 8,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _zero_bits(z):
+        """Per column, the fp16 FMA decode's two operands, 16-bit patterns twice (z:
+        int32 zero points, 0..15): 1024 + z, and -(64 + z) (steps of 1/16 from 0xD400)."""
+        return (0x6400 + z) * 0x10001, (0xD400 + 16 * z) * 0x10001
+
+    @gluon.jit
     def _operand_a(w, zz, BLOCK_N: gl.constexpr, A_L: gl.constexpr, F16: gl.constexpr):
         """`[BLOCK_N, 16]` words -> operand A `[BLOCK_N, 128]` in the permuted K order of
         the module docstring, without moving a value between threads."""
         l0, h0, l1, h1, l2, h2, l3, h3 = _decode(w, zz, F16)
+        return _arrange_a(l0, h0, l1, h1, l2, h2, l3, h3, BLOCK_N, A_L)
+
+    @gluon.jit
+    def _operand_a_fma(w, zz, zh, BLOCK_N: gl.constexpr, A_L: gl.constexpr):
+        """`_operand_a` (fp16) by `_decode_fma`: the same values."""
+        l0, h0, l1, h1, l2, h2, l3, h3 = _decode_fma(w, zz, zh)
+        return _arrange_a(l0, h0, l1, h1, l2, h2, l3, h3, BLOCK_N, A_L)
+
+    @gluon.jit
+    def _arrange_a(l0, h0, l1, h1, l2, h2, l3, h3, BLOCK_N: gl.constexpr, A_L: gl.constexpr):
+        """The decoded nibble pairs as operand A (a relabelling of registers)."""
         lo = gl.join(gl.join(l0, l1), gl.join(l2, l3))       # [n, r, v, u]: nibble v + 2u
         hi = gl.join(gl.join(h0, h1), gl.join(h2, h3))       # nibble v + 2u + 4
         a = gl.join(lo, hi)                                  # [n, r, v, u, e]

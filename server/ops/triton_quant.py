@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagefleet.server.ops import gluon_w4
+from pagefleet.server.ops import gluon_w4, gluon_w4_tma
 from pagefleet.server.ops import quant as twin
 from pagefleet.server.ops import triton_activation
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
@@ -208,8 +208,23 @@ W4_CONFIG = {
     # 4-5 an SM, 2 deep at 5; one wave) slower: 1.949-1.966 (qkv 192-199 against 171 us).
     # At 2-4 rows down deeper at 5 an SM is slower (call 6: B=2 2.094-2.111 against
     # 2.038, B=4 2.442-2.458 against 2.371; down 523-549 against 463-475 us).
-    "gemv_mma_one_row": {"unsplit": {"xsmem": True, "depth": 3},
-                         "deep": {"xsmem": True, "programs_per_sm": 5, "depth": 3}},
+    # "tma" (fifteenth session): the TMA kernel instead (`gluon_w4_tma`: a producer warp
+    # streams the split's weight tiles into a ring of "stages" shared-memory slots, the
+    # four math warps wait per tile on its mbarrier; the K split "split_tiles" tiles, or
+    # unsplit; "maxnreg": its launch's register cap, which sets the programs an SM).
+    # Where it cannot serve (a tensor not 16-byte aligned) the keys beside it do. H200,
+    # 2026-12-04 (fifteenth session). Each shape's 28 GEMVs back to back (.ab probe, us
+    # a GEMV, the register kernel / TMA): gate_up 26.7-27.2 / 21.1-21.2 (unsplit, 6-8
+    # stages), down 15.6-15.8 / 13.1 (14-tile splits, 4 stages, 48), qkv 6.5 / 5.95,
+    # o 5.5-5.7 / 5.3 (7-tile splits, 7 stages). The engine's AWQ decode forward
+    # (engine_gemv_ab.py, variants in turn, B=1): 1.899 ms with the register kernel,
+    # 1.707 with TMA in every class (gate_up 781 -> 650 us a step, down 425 -> 347, but
+    # qkv 172 -> 191 and o 134 -> 148 at 40 registers, 129 at 48), 1.693 with gate_up at
+    # 6 stages / 48 (639 us). So "other" (qkv, o) keeps the register kernel.
+    "gemv_mma_one_row": {"unsplit": {"xsmem": True, "depth": 3,
+                                     "tma": {"stages": 6, "maxnreg": 48}},
+                         "deep": {"xsmem": True, "programs_per_sm": 5, "depth": 3,
+                                  "tma": {"split_tiles": 14, "stages": 4, "maxnreg": 48}}},
     "gemv_mma_xsmem_max_tiles": 64,
     # The same per-class overrides (no "xsmem") for 2 rows up to the ring's. The
     # engine's AWQ decode forward (engine_gemv_ab.py, same session, one machine): gate_up
@@ -862,12 +877,15 @@ class MmaPlan(NamedTuple):
     ring: bool       # the cp.async ring kernel (else the register kernel)
     depth: int       # K tiles of weights in flight a thread (register kernel)
     xs_tiles: int    # one input row staged in shared memory: tiles allocated (0: not)
+    stages: int = 0  # the TMA kernel's ring slots (0: not the TMA kernel)
+    maxnreg: int = 0  # the TMA kernel's register cap
 
 
-def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict) -> MmaPlan:
+def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> MmaPlan:
     """The Gluon GEMV's launch for `m` rows of an (N, K) layer on `sms` multiprocessors:
     the split-K target, and at one row the overrides of the layer's class
-    (cfg['gemv_mma_one_row']). Decided from the shape alone: a captured graph replays it."""
+    (cfg['gemv_mma_one_row'], its "tma" plan where `tma`: the tensors allow TMA). Decided
+    from the shape and the tensors' alignment alone: a captured graph replays it."""
     tiles = n // cfg["gemv_mma_block_n"]
     pps = cfg["gemv_mma_programs_per_sm"]
     splits, per = _splits(tiles, k, 128, None, {**cfg, "target_programs": pps * sms})
@@ -876,6 +894,11 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict) -> MmaPlan:
     cls = ("unsplit" if splits == 1 else
            "deep" if k >= cfg["gemv_deep_ratio"] * n else "other")
     over = cfg["gemv_mma_one_row" if m == 1 else "gemv_mma_rows"].get(cls, {})
+    if (m == 1 and tma and "tma" in over
+            and cfg["gemv_mma_block_n"] == 16 * cfg["gemv_mma_warps"] >= 32):
+        plan = _tma_plan(k, over["tma"], cfg)
+        if plan is not None:
+            return plan
     if "programs_per_sm" in over:
         target = over["programs_per_sm"] * sms
         splits, per = _splits(tiles, k, 128, None, {**cfg, "target_programs": target})
@@ -883,6 +906,19 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict) -> MmaPlan:
     xs = (triton.next_power_of_2(tiles_k) if m == 1 and over.get("xsmem")
           and tiles_k <= cfg["gemv_mma_xsmem_max_tiles"] else 0)
     return MmaPlan(splits, per, False, over.get("depth", 1), xs)
+
+
+def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
+    """The TMA kernel's plan for one row of a K-deep layer: K in splits of t['split_tiles']
+    tiles (0 or absent: unsplit), balanced; none where a split's row would not fit the
+    staging (cfg['gemv_mma_xsmem_max_tiles'])."""
+    tiles_k = k // 128
+    splits = triton.cdiv(tiles_k, t.get("split_tiles") or tiles_k)
+    per = triton.cdiv(tiles_k, splits)
+    if per > cfg["gemv_mma_xsmem_max_tiles"]:
+        return None
+    return MmaPlan(triton.cdiv(tiles_k, per), per * 128, False, 1,
+                   triton.next_power_of_2(per), min(t["stages"], per), t["maxnreg"])
 
 
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False):
@@ -895,7 +931,8 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False)
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
-    plan = mma_plan(m, n, k, sm_count(x.device), cfg)
+    plan = mma_plan(m, n, k, sm_count(x.device), cfg,
+                    gluon_w4_tma.aligned(qweight, scales, zeros))
     splits, per = plan.splits, plan.per
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
@@ -905,7 +942,12 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False)
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts())
-    if plan.ring:
+    if plan.stages:
+        gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
+            x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
+            STAGES=plan.stages, XS_TILES=plan.xs_tiles, ACT=act, maxnreg=plan.maxnreg,
+            **common)
+    elif plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)
     else:
@@ -915,13 +957,13 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False)
     return o.result(splits, bias, x.dtype)
 
 
-def silu_stages(m: int, n: int, k: int, sms: int, cfg: dict) -> bool:
+def silu_stages(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> bool:
     """Whether the Gluon GEMV takes SiLU-and-mul into its row staging for `m` rows of an
     (N, K) down projection: cfg['silu_stage'] on, and a plan that stages the row (one
-    row, not the ring)."""
+    row, not the ring; `tma` as `mma_plan`'s)."""
     if not cfg["silu_stage"] or m != 1:
         return False
-    plan = mma_plan(m, n, k, sms, cfg)
+    plan = mma_plan(m, n, k, sms, cfg, tma)
     return not plan.ring and plan.xs_tiles > 0
 
 
@@ -1286,7 +1328,8 @@ def w4a16_silu_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     m, n = x.shape[0], qweight.shape[1]
     k = qweight.shape[0] * 8
     if (x.dim() == 2 and x.shape[1] == 2 * k and _gluon_ok(x, n, k, group_size, scales)
-            and silu_stages(m, n, k, sm_count(x.device), W4_CONFIG)):
+            and silu_stages(m, n, k, sm_count(x.device), W4_CONFIG,
+                            gluon_w4_tma.aligned(qweight, scales, zeros))):
         return _w4_gemv_mma(x.contiguous(), qweight, scales, zeros, group_size, bias,
                             act=True)
     return w4a16_linear(triton_activation.silu_and_mul(x), qweight, scales, zeros,

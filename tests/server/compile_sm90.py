@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 
 from pagefleet.server.ops import gluon_attention as ga
 from pagefleet.server.ops import gluon_w4 as gw
+from pagefleet.server.ops import gluon_w4_tma as gt
 from pagefleet.server.ops import triton_attention as ta
 from pagefleet.server.ops import triton_quant as tq
 from pagefleet.server.ops import triton_rotary as tr
@@ -196,6 +197,7 @@ def main() -> int:
     failed += not gemv_registers_stay_few(target, int4, fp8, w4, f8)
     failed += not gluon_prefill_splits_registers(target)
     failed += not gluon_gemv_feeds_mma_in_registers(target, w4)
+    failed += not gluon_tma_gemv_streams_by_tma(target, w4)
     return 1 if failed else 0
 
 
@@ -453,6 +455,78 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     if any(r < 0 or r > 96 or sp or not mma or not cp for r, sp, mma, cp in got.values()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
+        return False
+    print(f"ok {name} {got}")
+    return True
+
+
+def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
+    """The one-row TMA GEMV (ops/gluon_w4_tma.py) at the shipped plans of its layer
+    classes (gate_up unsplit, down in splits with the SiLU computed as it stages the row)
+    compiles for fp16 with zero points (split-K summed in the kernel) and bf16 without
+    (summed after): the weights come by TMA (cp.async.bulk.tensor) and are waited for on
+    mbarriers, the MMAs are mma.sync m16n8k16 with every operand built in registers
+    (`assert_trivial` layouts), fp16 decodes by the packed-FMA form (bf16 cannot), the
+    SiLU's exponential only where it is due, and ptxas spills nothing within the plan's
+    register cap."""
+    import contextlib
+    import io
+    import re
+
+    from triton import knobs
+    name = "w4 GEMV, Gluon TMA: weights by TMA, MMA operands in registers, no spills"
+    if not gt.IMPORTED:
+        print(f"FAILED {name}: triton.experimental.gluon did not import")
+        return False
+    from triton.experimental.gluon._runtime import GluonASTSource
+    bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    fn = gt._w4_gemv_tma_kernel
+    got = {}
+    for cls, (dt, zero, fused) in itertools.product(
+            ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False))):
+        t = w4["gemv_mma_one_row"][cls]["tma"]
+        plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
+        nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
+                 "transposed=False, fp4_padded=False, cga_layout=[])")
+        sdt = "fp16" if dt == "fp16" else "bf16"
+        ptrs = {"x_ptr": f"*{dt}", "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}",
+                "cnt_ptr": "*i32",
+                "w_desc": f"tensordesc<i32[16, 32],{nvmma.format(128, 32)}>",
+                "s_desc": f"tensordesc<{sdt}[1, {bn}],{nvmma.format(0, 16)}>",
+                "z_desc": (f"tensordesc<u8[1, {bn}],{nvmma.format(0, 8)}>" if zero else
+                           f"tensordesc<{sdt}[1, {bn}],{nvmma.format(0, 16)}>")}
+        cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
+              "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
+              "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
+              "PDL": 1}
+        aligned = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
+                   "stride_om", "k_per_split"]
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+        log = io.StringIO()
+        try:
+            with knobs.nvidia.scope(), knobs.compilation.scope(), \
+                    contextlib.redirect_stdout(log):
+                knobs.nvidia.dump_ptxas_log = True
+                knobs.compilation.always_compile = True
+                ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
+                                     options={"num_warps": warps,
+                                              "maxnreg": plan.maxnreg}).asm["ptx"]
+        except Exception as e:   # noqa: BLE001 - reported like the others
+            print(f"FAILED {name} ({cls}, {dt}): {e!r}"[:2000])
+            return False
+        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log.getvalue())]
+        spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+        ok = (bool(regs) and max(regs) <= plan.maxnreg and spills is not None
+              and int(spills.group(1)) == 0
+              and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
+              and "mbarrier.try_wait" in ptx
+              and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx))
+              and ("fma.rn.f16x2" in ptx) == (dt == "fp16")
+              and ("ex2.approx" in ptx) == (cls == "deep"))
+        got[cls, dt] = (max(regs) if regs else -1, ok)
+    if not all(ok for _, ok in got.values()):
+        print(f"FAILED {name}: (registers, checks) {got}")
         return False
     print(f"ok {name} {got}")
     return True

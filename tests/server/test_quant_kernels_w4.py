@@ -222,31 +222,48 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
     assert tq.ring_serves(m, {**tq.W4_CONFIG, **changes}) is ring
 
 
-@pytest.mark.parametrize("m, n, k, sms, plan", [
+@pytest.mark.parametrize("m, n, k, sms, tma, plan", [
     # Qwen2.5-7B's layers on an H200's 132 multiprocessors: (splits, K a split, ring,
-    # tiles of weights in flight, tiles of the row staged in shared memory)
-    (1, 37888, 3584, 132, (1, 3584, False, 3, 32)),    # gate_up: unsplit
-    (1, 3584, 18944, 132, (11, 1792, False, 3, 16)),   # down: deep, 5 an SM, 3 deep
-    (1, 4608, 3584, 132, (10, 384, False, 1, 0)),      # qkv: as before
-    (1, 3584, 3584, 132, (14, 256, False, 1, 0)),      # o
-    (2, 37888, 3584, 132, (1, 3584, False, 3, 0)),     # 2-4 rows: no staged row
-    (4, 3584, 18944, 132, (14, 1408, False, 1, 0)),    # ... and the base split
-    (8, 37888, 3584, 132, (1, 3584, True, 1, 0)),      # the ring's rows
+    # tiles of weights in flight, tiles of the row staged in shared memory, TMA ring
+    # slots, TMA register cap)
+    (1, 37888, 3584, 132, True, (1, 3584, False, 1, 32, 6, 48)),   # gate_up: TMA, unsplit
+    (1, 3584, 18944, 132, True, (11, 1792, False, 1, 16, 4, 48)),  # down: 14-tile splits
+    (1, 4608, 3584, 132, True, (10, 384, False, 1, 0, 0, 0)),      # qkv: registers
+    (1, 3584, 3584, 132, True, (14, 256, False, 1, 0, 0, 0)),      # o
+    # tensors TMA cannot read: the register kernel's plans
+    (1, 37888, 3584, 132, False, (1, 3584, False, 3, 32, 0, 0)),
+    (1, 3584, 18944, 132, False, (11, 1792, False, 3, 16, 0, 0)),  # 5 an SM, 3 deep
+    (2, 37888, 3584, 132, True, (1, 3584, False, 3, 0, 0, 0)),     # 2-4 rows: no staging
+    (4, 3584, 18944, 132, True, (14, 1408, False, 1, 0, 0, 0)),    # ... the base split
+    (8, 37888, 3584, 132, True, (1, 3584, True, 1, 0, 0, 0)),      # the ring's rows
     # one multiprocessor: down is unsplit, its 148 K tiles too many to stage
-    (1, 3584, 18944, 1, (1, 18944, False, 3, 0)),
+    (1, 3584, 18944, 1, True, (1, 18944, False, 3, 0, 0, 0)),
 ])
-def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, plan):
-    """At one row the Gluon GEMV stages the input row in shared memory and keeps three
-    tiles of gate_up's weights in flight, and splits down over 5 programs an SM (one wave
-    at three tiles deep); at 2-4 rows gate_up is three tiles deep too (W4_CONFIG
-    gemv_mma_one_row / gemv_mma_rows: BENCHMARKS.md, 2026-12-04, thirteenth and
-    fourteenth sessions). The plan depends on the shape and the
-    GPU only, so a captured graph replays it."""
+def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, tma, plan):
+    """At one row gate_up and down run the TMA kernel (gate_up unsplit, down in 14-tile
+    splits: 616 programs, one wave at 5 an SM), qkv and o the register kernel; where
+    the tensors do not allow TMA, the register kernel stages the row and keeps three
+    tiles in flight; at 2-4 rows gate_up is three tiles deep (W4_CONFIG gemv_mma_one_row
+    / gemv_mma_rows: BENCHMARKS.md, 2026-12-04, thirteenth to fifteenth sessions). The
+    plan depends on the shape, the GPU and the tensors' alignment only, so a captured
+    graph replays it."""
     from pagefleet.server.ops import triton_quant as tq
-    got = tq.mma_plan(m, n, k, sms, tq.W4_CONFIG)
+    got = tq.mma_plan(m, n, k, sms, tq.W4_CONFIG, tma)
     assert tuple(got) == plan
     assert got.splits * got.per >= k > (got.splits - 1) * got.per
     assert got.xs_tiles * 128 * 2 <= 16 * 1024   # the staged row's shared memory
+    assert got.stages <= got.per // 128          # no ring slot the split never fills
+
+
+@pytest.mark.parametrize("block_n, warps", [(128, 4), (32, 4), (16, 1)])
+def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
+    """The TMA kernel's register layouts give each math warp 16 columns of the tile
+    (and a 32-column TMA box at least): other tilings keep the register kernel's plan."""
+    from pagefleet.server.ops import triton_quant as tq
+    cfg = {**tq.W4_CONFIG, "gemv_mma_block_n": block_n, "gemv_mma_warps": warps}
+    assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 0     # down
+    cfg.update(gemv_mma_block_n=128, gemv_mma_warps=8)
+    assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 4
 
 
 def test_gluon_gemv_stages_only_one_row():
@@ -254,7 +271,7 @@ def test_gluon_gemv_stages_only_one_row():
     column 0 is stored), so no config can stage it for more rows."""
     from pagefleet.server.ops import triton_quant as tq
     cfg = {**tq.W4_CONFIG, "gemv_mma_rows": {"unsplit": {"xsmem": True, "depth": 2}}}
-    assert [tq.mma_plan(m, 37888, 3584, 132, cfg)[3:] for m in (1, 2, 4)] == \
+    assert [tq.mma_plan(m, 37888, 3584, 132, cfg, False)[3:5] for m in (1, 2, 4)] == \
         [(3, 32), (2, 0), (2, 0)]
 
 
