@@ -236,25 +236,32 @@ def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -
     return True
 
 
-def ptxas_usage(target, fn, ptrs: dict, cx: dict, warps: int, stages: int,
-                aligned: list[str]) -> tuple[int, int]:
-    """(registers, spill-store bytes) as ptxas reports them, for a launch whose
-    `aligned` arguments Triton would specialize as multiples of 16."""
+def _compile_logged(source, target, options: dict) -> tuple[str, str]:
+    """`source` compiled afresh for `target`: its PTX, and ptxas's log (registers,
+    spills), which ptxas prints to stdout."""
     import contextlib
     import io
-    import re
 
     from triton import knobs
-    cx = {**cx, "PDL": 1}
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
     log = io.StringIO()
     with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
         knobs.nvidia.dump_ptxas_log = True
         knobs.compilation.always_compile = True
-        triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages,
-                                                    "launch_pdl": True})
-    text = log.getvalue()
+        ptx = triton.compile(source, target=target, options=options).asm["ptx"]
+    return ptx, log.getvalue()
+
+
+def ptxas_usage(target, fn, ptrs: dict, cx: dict, warps: int, stages: int,
+                aligned: list[str]) -> tuple[int, int]:
+    """(registers, spill-store bytes) as ptxas reports them, for a launch whose
+    `aligned` arguments Triton would specialize as multiples of 16."""
+    import re
+
+    cx = {**cx, "PDL": 1}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
+    _, text = _compile_logged(src, target, {"num_warps": warps, "num_stages": stages,
+                                            "launch_pdl": True})
     regs = re.search(r"Used (\d+) registers", text)
     spills = re.search(r"(\d+) bytes spill stores", text)
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
@@ -337,11 +344,8 @@ def gluon_prefill_splits_registers(target) -> bool:
     and ptxas serializes no wgmma (its C7512 warning: a register budget the partitions do
     not fit, e.g. the producer asking for as many as the math warpgroups, makes it wait
     for every wgmma and loses what the kernel is for)."""
-    import contextlib
-    import io
     import re
 
-    from triton import knobs
     name = "prefill attention, Gluon ping-pong: registers split, no wgmma serialized"
     if not ga.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
@@ -363,18 +367,13 @@ def gluon_prefill_splits_registers(target) -> bool:
                "stride_oh", "stride_bt", "stride_cblk", "stride_ctok", "stride_ch"]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
-    log = io.StringIO()
     try:
-        with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
-            knobs.nvidia.dump_ptxas_log = True
-            knobs.compilation.always_compile = True
-            ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
-                                 options={"num_warps": 4}).asm["ptx"]
+        ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target, {"num_warps": 4})
     except Exception as e:   # noqa: BLE001 - reported like the others
         print(f"FAILED {name}: {e!r}"[:2000])
         return False
     regs = {int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}
-    serialized = [ln for ln in log.getvalue().splitlines() if "serialized" in ln]
+    serialized = [ln for ln in log.splitlines() if "serialized" in ln]
     if not {cfg["math_regs"], cfg["load_regs"]} <= regs or serialized:
         print(f"FAILED {name}: setmaxnreg {sorted(regs)}, {serialized[:2]}")
         return False
@@ -395,11 +394,8 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     row's are loads, with the SiLU's exponential),
     and ptxas spills nothing and stays at or under 96 registers (occupancy: each thread's
     words are its bytes in flight)."""
-    import contextlib
-    import io
     import re
 
-    from triton import knobs
     name = "w4 GEMVs, Gluon: MMA operands built in registers, few registers, no spills"
     if not gw.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
@@ -432,19 +428,14 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
               "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
               "PDL": 1, **own}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
-        log = io.StringIO()
         try:
-            with knobs.nvidia.scope(), knobs.compilation.scope(), \
-                    contextlib.redirect_stdout(log):
-                knobs.nvidia.dump_ptxas_log = True
-                knobs.compilation.always_compile = True
-                ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
-                                     options={"num_warps": warps}).asm["ptx"]
+            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
+                                       {"num_warps": warps})
         except Exception as e:   # noqa: BLE001 - reported like the others
             print(f"FAILED {name} ({kind}, {dt}): {e!r}"[:2000])
             return False
-        regs = re.search(r"Used (\d+) registers", log.getvalue())
-        spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+        regs = re.search(r"Used (\d+) registers", log)
+        spills = re.search(r"(\d+) bytes spill stores", log)
         copies = len(re.findall(r"cp\.async\.c[ag]", ptx))
         exps = len(re.findall(r"ex2\.approx", ptx))
         got[kind, dt] = (int(regs.group(1)) if regs else -1,
@@ -469,11 +460,8 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     (`assert_trivial` layouts), fp16 decodes by the packed-FMA form (bf16 cannot), the
     SiLU's exponential only where it is due, and ptxas spills nothing within the plan's
     register cap."""
-    import contextlib
-    import io
     import re
 
-    from triton import knobs
     name = "w4 GEMV, Gluon TMA: weights by TMA, MMA operands in registers, no spills"
     if not gt.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
@@ -503,20 +491,14 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
                    "stride_om", "k_per_split"]
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
-        log = io.StringIO()
         try:
-            with knobs.nvidia.scope(), knobs.compilation.scope(), \
-                    contextlib.redirect_stdout(log):
-                knobs.nvidia.dump_ptxas_log = True
-                knobs.compilation.always_compile = True
-                ptx = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=target,
-                                     options={"num_warps": warps,
-                                              "maxnreg": plan.maxnreg}).asm["ptx"]
+            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
+                                       {"num_warps": warps, "maxnreg": plan.maxnreg})
         except Exception as e:   # noqa: BLE001 - reported like the others
             print(f"FAILED {name} ({cls}, {dt}): {e!r}"[:2000])
             return False
-        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log.getvalue())]
-        spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+        spills = re.search(r"(\d+) bytes spill stores", log)
         ok = (bool(regs) and max(regs) <= plan.maxnreg and spills is not None
               and int(spills.group(1)) == 0
               and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
