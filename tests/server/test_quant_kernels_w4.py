@@ -266,6 +266,51 @@ def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
     assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 4
 
 
+def _tma_layer(n: int = 4608, k: int = 3584):
+    import torch
+    return (torch.zeros(k // 8, n, dtype=torch.int32), torch.ones(k // 128, n, dtype=torch.float16),
+            torch.zeros(k // 128, n, dtype=torch.uint8))
+
+
+def test_tma_descriptors_keep_no_weight_alive():
+    """The TMA kernel's descriptors are cached per (address, shape, dtype) so a decode
+    step builds none, and hold no reference to the weights: a finished engine's weights
+    must be freed (a module-level cache that held tensors once kept every finished
+    engine's KV cache alive)."""
+    import gc
+    import weakref
+
+    from pagefleet.server.ops import gluon_w4_tma as gt
+    if not gt.IMPORTED:
+        pytest.skip("no Gluon in this Triton")
+    qw, s, z = _tma_layer()
+    first = gt.descriptors(qw, s, z, 64)
+    assert gt.descriptors(qw, s, z, 64) == first and gt.descriptors(qw, s, z, 64)[0] is first[0]
+    assert [d.block_shape for d in first] == [[16, 32], [1, 64], [1, 64]]
+    assert gt.descriptors(qw, s, None, 64)[2] is gt.descriptors(qw, s, None, 64)[1]  # no zeros
+    refs = [weakref.ref(t) for t in (qw, s, z)]
+    del qw, s, z, first
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_tma_serves_only_tensors_it_can_read():
+    """TMA reads contiguous tensors from 16-byte aligned addresses, int32 words, 16-bit
+    scales, uint8 zero points; anything else keeps the register kernel's plan."""
+    import torch
+
+    from pagefleet.server.ops import gluon_w4_tma as gt
+    if not gt.IMPORTED:
+        pytest.skip("no Gluon in this Triton")
+    qw, s, z = _tma_layer()
+    assert gt.aligned(qw, s, z) and gt.aligned(qw, s, None)
+    shifted = torch.zeros(qw.numel() + 1, dtype=torch.int32)[1:].view(qw.shape)   # 4 bytes off
+    assert not gt.aligned(shifted, s, z)
+    assert not gt.aligned(qw.t().contiguous().t(), s, z)                   # not contiguous
+    assert not gt.aligned(qw, s.float(), z)
+    assert not gt.aligned(qw, s, z.to(torch.int32))
+
+
 def test_gluon_gemv_stages_only_one_row():
     """The shared-memory copy holds one input row (every MMA column reads it, and only
     column 0 is stored), so no config can stage it for more rows."""
