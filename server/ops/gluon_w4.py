@@ -190,10 +190,17 @@ if IMPORTED:
                                          is_pure=True, pack=1)
 
     @gluon.jit
-    def _zero_bits(z):
-        """Per column, the fp16 FMA decode's two operands, 16-bit patterns twice (z:
-        int32 zero points, 0..15): 1024 + z, and -(64 + z) (steps of 1/16 from 0xD400)."""
-        return (0x6400 + z) * 0x10001, (0xD400 + 16 * z) * 0x10001
+    def _magic_bits(z, F16: gl.constexpr):
+        """Per column, the decode's subtrahend as a 16-bit pattern twice (z: int32 zero
+        points, 0..15): (1024 or 128) + z, exact at those magnitudes."""
+        MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
+        return (MAGIC + z) * 0x10001
+
+    @gluon.jit
+    def _fma_bits(z):
+        """Per column, the fp16 FMA decode's addend, -(64 + z), as a 16-bit pattern twice
+        (steps of 1/16 from 0xD400)."""
+        return (0xD400 + 16 * z) * 0x10001
 
     @gluon.jit
     def _operand_a(w, zz, BLOCK_N: gl.constexpr, A_L: gl.constexpr, F16: gl.constexpr):
@@ -245,8 +252,7 @@ if IMPORTED:
     def _tile_product(w, s, z, x, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
                       B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr):
         """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
-        MAGIC: gl.constexpr = 0x6400 if F16 else 0x4300
-        zz = gl.broadcast(w, ((MAGIC + z) * 0x10001)[:, None])[1]
+        zz = gl.broadcast(w, _magic_bits(z, F16)[:, None])[1]
         a = _operand_a(w, zz, BLOCK_N, A_L, F16)
         b = _operand_b(x, B_L)
         t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))

@@ -149,7 +149,7 @@ if IMPORTED:
         return gl.convert_layout(x, B_L, assert_trivial=True)
 
     @gluon.jit
-    def _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N: gl.constexpr, WARPS: gl.constexpr,
+    def _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_ZERO: gl.constexpr, F16: gl.constexpr,
               MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, W_L: gl.constexpr,
               X_L: gl.constexpr, BOX_L: gl.constexpr, VEC_L: gl.constexpr):
@@ -170,13 +170,11 @@ if IMPORTED:
             z = gl.convert_layout(z, gl.SliceLayout(1, W_L)).to(gl.int32)
         else:
             z = gl.full([BLOCK_N], 8, gl.int32, layout=gl.SliceLayout(1, W_L))
+        zz = gl.broadcast(w, gluon_w4._magic_bits(z, F16)[:, None])[1]
         if F16:   # the FMA decode (9 instructions a word against 11); exact in fp16 only
-            zz, zh = gluon_w4._zero_bits(z)
-            zz = gl.broadcast(w, zz[:, None])[1]
-            zh = gl.broadcast(w, zh[:, None])[1]
+            zh = gl.broadcast(w, gluon_w4._fma_bits(z)[:, None])[1]
             a = gluon_w4._operand_a_fma(w, zz, zh, BLOCK_N, A_L)
         else:
-            zz = gl.broadcast(w, ((0x4300 + z) * 0x10001)[:, None])[1]
             a = gluon_w4._operand_a(w, zz, BLOCK_N, A_L, F16)
         x1 = xs.index(t).load(gl.SliceLayout(1, X_L))
         x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
@@ -213,7 +211,7 @@ if IMPORTED:
         acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
         n_tiles = (k_end - k_start) // BK
         for t in range(n_tiles):
-            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N, WARPS, STAGES,
+            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N, STAGES,
                             HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
             prod = gluon_w4.mma_v2(a, b, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
                                                   layout=MMA))

@@ -922,8 +922,9 @@ def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
 
 
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False):
-    """The Gluon GEMV's launch as `mma_plan` decides: the ring kernel or the register
-    kernel (the caller checked `gluon_w4.usable`); both take the same arguments. `act`:
+    """The Gluon GEMV's launch as `mma_plan` decides: the TMA kernel (one row, tensors
+    TMA can read: its descriptors stand for the weight pointers), the ring kernel or the
+    register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked)."""
     m = x.shape[0]
