@@ -47,11 +47,15 @@ DECODE_CONFIG = {
     "page_ahead": False,
     # fused_merge: a split row's last program to finish merges the splits of its KV head's
     # query heads (arrival counters, triton_common.last_arrival) instead of a second
-    # kernel, with the same merge code per head: the same bits in the interpreter, within
-    # rounding on a GPU (the compiler may lay out its sums differently at another warp
-    # count). Only up to fused_merge_max_splits splits (its [splits, head_dim] tile stays
-    # in registers). H200, 2026-12-03 (profile_serving.py dattn, us a layer): 12.2
-    # against 5.8 at B=1 over 1K, 148 against 138 at 16 x 16K, equal elsewhere: off.
+    # kernel (`_merge_group`: the merge pass's arithmetic per head, the same bits in the
+    # interpreter and on an H200, splitk_graph_check.py). Only up to
+    # fused_merge_max_splits splits (its [splits, head_dim] tiles stay in registers).
+    # H200, 2026-12-03 (profile_serving.py dattn, us a layer): 12.2 against 5.8 at B=1
+    # over 1K, 148 against 138 at 16 x 16K, equal elsewhere. 2026-12-04 (sixteenth
+    # session), the engine's AWQ decode forward (engine_gemv_ab.py, 1K context): merging
+    # head by head, 16 us a layer for attention against 7.5 for attention + merge pass;
+    # with every head's loads issued before any store, 10.7: B=1 1.756 against 1.671 ms,
+    # B=8 2.946 against 2.801. Off.
     "fused_merge": False,
     "fused_merge_max_splits": 32,
 }
@@ -280,10 +284,45 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
                 if sp < used:
                     merge = last_arrival(cnt_ptr + b * tl.num_programs(1) + kvh, used)
             if merge:
-                for gi in tl.static_range(GROUP):
-                    _merge_splits(ml_ptr, acc_ptr, out_ptr, b, kvh * GROUP + gi, used,
-                                  num_splits, stride_ob, stride_oh, NUM_HEADS, D, BLOCK_D,
-                                  SPLITS_PAD)
+                _merge_group(ml_ptr, acc_ptr, out_ptr, b, kvh, used, num_splits, stride_ob,
+                             stride_oh, NUM_HEADS, GROUP, GROUP_PAD, D, BLOCK_D, SPLITS_PAD)
+
+
+@triton.jit
+def _merge_group(ml_ptr, acc_ptr, out_ptr, b, kvh, used, num_splits, stride_ob, stride_oh,
+                 NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """`_merge_splits` for the GROUP query heads of KV head `kvh` at once, as one program
+    (the row's last split to finish) merges them: every head's (max, sum) in one load and
+    every head's accumulators requested before any output is stored, so the merge costs
+    about one trip to L2 rather than two a head (merging head by head, with a store
+    between, took ~16 us a layer at B=1 on an H200: BENCHMARKS.md, 2026-12-04,
+    sixteenth session). The same arithmetic per head as `_merge_splits`: the same bits."""
+    g = tl.arange(0, GROUP_PAD)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    gmask = g < GROUP
+    smask = s < used
+    heads = kvh * GROUP + g
+    rows = (b * NUM_HEADS + heads).to(tl.int64)[:, None] * num_splits + s[None, :]
+    mask = gmask[:, None] & smask[None, :]
+    m = tl.load(ml_ptr + rows * 2, mask=mask, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(ml_ptr + rows * 2 + 1, mask=mask, other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m, 1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(mask, tl.exp2(m - m_max[:, None]), 0.0)
+    denom = tl.sum(w * l, 1)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    o = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for gi in tl.static_range(GROUP):
+        row = (b * NUM_HEADS + kvh * GROUP + gi).to(tl.int64) * num_splits + s
+        acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=smask[:, None],
+                      other=0.0, cache_modifier=".cg")
+        wg = tl.sum(tl.where(g[:, None] == gi, w, 0.0), 0)          # head gi's weights
+        og = tl.sum(acc * wg[:, None], 0) / tl.sum(tl.where(g == gi, denom, 0.0), 0)
+        o = tl.where(g[:, None] == gi, og[None, :], o)
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & (d < D)[None, :])
 
 
 @triton.jit

@@ -160,8 +160,8 @@ def test_decode_padded_rows_are_zero(monkeypatch):
 @pytest.mark.parametrize("max_splits", [32, 2])
 def test_decode_merge_by_the_last_program_is_the_merge_pass(monkeypatch, max_splits):
     """`fused_merge`: each row's last split to finish merges its KV head's query heads
-    (arrival counters) instead of `_decode_reduce_kernel`, with the same merge code: the
-    same bits here in the interpreter (on a GPU within rounding, splitk_graph_check.py),
+    (arrival counters) instead of `_decode_reduce_kernel`, with the same arithmetic per
+    head: the same bits here in the interpreter (and on an H200, splitk_graph_check.py),
     rows of one to many splits, an empty (padding) row zeros, fp8 caches too, and every
     counter back at zero. Over `fused_merge_max_splits` the launch keeps the merge pass."""
     from pagefleet.server.ops import triton_common
