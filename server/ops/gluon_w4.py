@@ -361,6 +361,8 @@ if IMPORTED:
         if PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
+        if PDL == 3:
+            gdc_launch_dependents()
         if PDL:
             gdc_wait()
         if PDL == 2:
@@ -538,6 +540,8 @@ if IMPORTED:
                         s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk, k_start + i * BK, k_start,
                         k_end, M, N, stride_xm, GROUP, HAS_ZERO, True, False)
             _commit()
+        if PDL == 3:
+            gdc_launch_dependents()
         if PDL:
             gdc_wait()
         if PDL == 2:

@@ -199,6 +199,8 @@ if IMPORTED:
         X_L: gl.constexpr = gluon_w4.acts_layout(WARPS)
         BOX_L: gl.constexpr = box_layout(NB, WARPS)
         VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
+        if PDL == 3:
+            gdc_launch_dependents()
         if PDL:
             gdc_wait()
         if PDL == 2:

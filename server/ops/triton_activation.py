@@ -44,5 +44,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(triton.next_power_of_2(d), 1024)
         _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, d, x2.stride(0),
                                                              BLOCK=block, num_warps=4,
-                                                             **launch_opts())
+                                                             **launch_opts("silu"))
     return out

@@ -58,6 +58,12 @@ DECODE_CONFIG = {
     # B=8 2.946 against 2.801. Off.
     "fused_merge": False,
     "fused_merge_max_splits": 32,
+    # What the decode kernels read that the kernel before them does not write, read
+    # before their PDL wait: the context lengths, and (attention) the block table and each
+    # split's first K/V tile, the row's new key (written by the rotary kernel just before)
+    # read again after the wait. A B=1 step's attention otherwise starts a chain of
+    # dependent reads (length, page, keys) only when the rotary kernel is done.
+    "kv_early": True,
 }
 # H200, 2026-12-02 (evening, BENCHMARKS.md): 128 x 128 tiles, 8 warps, 3 stages with the
 # page ids read a tile ahead run a lone 8,192-token chunk over 16K of context in 3.15 ms
@@ -196,6 +202,14 @@ def _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N: tl.conste
     return tl.maximum(tl.cdiv(tl.cdiv(ctx, s), BLOCK_N) * BLOCK_N, BLOCK_N)
 
 
+# What the decode kernels read before their PDL wait, with `kv_early` (tests/server/
+# test_pdl.py holds them to it): the context lengths and block tables (step inputs,
+# written before the forward's first kernel) and the cached keys and values (the
+# kernel before writes only each row's new one, which is read again after the wait).
+EARLY_READS = {"_decode_kernel": ("ctx_ptr", "bt_ptr", "kc_ptr", "vc_ptr"),
+               "_decode_reduce_kernel": ("ctx_ptr",)}
+
+
 # The split plan's integers change with the batch: not specialized (a new "is it 1 or a
 # multiple of 16" pattern would compile a variant inside a serving step).
 @triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
@@ -208,8 +222,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, DIRECT: tl.constexpr,
                    F32: tl.constexpr, PAGE_AHEAD: tl.constexpr, FUSED: tl.constexpr,
-                   SPLITS_PAD: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
+                   SPLITS_PAD: tl.constexpr, KV_EARLY: tl.constexpr, PDL: tl.constexpr):
+    if not KV_EARLY:
+        pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -226,18 +241,42 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
     dmask = d < D
     gmask = g < GROUP
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    n = tl.arange(0, BLOCK_N)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    first = lo
+    if KV_EARLY:
+        # The split's first K/V tile is read before the PDL wait: the kernel before (the
+        # rotary + KV write) writes only each row's new key, at ctx - 1, and this step's
+        # inputs (context lengths, block tables) were written before the forward began
+        # (`KV_EARLY` in DECODE_CONFIG). After the wait the new key's row is read again.
+        tok0 = lo + n
+        tmask0 = tok0 < hi
+        off0 = _kv_offsets(bt_row, lo, hi, tok0, kvh, BS, BLOCK_N, stride_cblk, stride_ctok,
+                           stride_ch)
+        kv_mask = tmask0[:, None] & dmask[None, :]
+        k0 = tl.load(kc_ptr + off0[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v0 = tl.load(vc_ptr + off0[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        pdl_wait(PDL)
+        new = (tmask0 & (tok0 == ctx - 1))[:, None] & dmask[None, :]
+        k0 = tl.where(new, tl.load(kc_ptr + off0[:, None] + d[None, :], mask=new, other=0.0), k0)
+        v0 = tl.where(new, tl.load(vc_ptr + off0[:, None] + d[None, :], mask=new, other=0.0), v0)
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if lo < hi:
+            p0, m_i, alpha0, l_i = _scores(q, k0, tmask0, m_i, l_i, qk_scale, k_scale, FP8, F32)
+            acc = _accumulate(acc, p0, alpha0, v0, v_scale, q.dtype, FP8, F32)
+        first = lo + BLOCK_N
+    else:
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
     # Page ids one tile ahead, as in `_prefill_kernel` (PAGE_AHEAD there): the K/V loads
     # then stay pipelined instead of waiting for all copies in flight every step.
     if PAGE_AHEAD:
-        page_next = _pages(bt_row, lo, hi, BS, BLOCK_N)
-    for start in range(lo, hi, BLOCK_N):
+        page_next = _pages(bt_row, first, hi, BS, BLOCK_N)
+    for start in range(first, hi, BLOCK_N):
         tok = start + n
         tmask = tok < hi
         if PAGE_AHEAD:
@@ -248,20 +287,10 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
         k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
                     other=0.0)
-        if FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-        s = _dot(q, tl.trans(k), F32) * qk_scale
-        s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, m_i, alpha, l_i = _scores(q, k, tmask, m_i, l_i, qk_scale, k_scale, FP8, F32)
         v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
                     other=0.0)
-        if FP8:
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
-        m_i = m_new
+        acc = _accumulate(acc, p, alpha, v, v_scale, q.dtype, FP8, F32)
     if DIRECT:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]
@@ -355,12 +384,16 @@ def _merge_splits(ml_ptr, acc_ptr, out_ptr, b, h, used, num_splits, stride_ob, s
 def _decode_reduce_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, want, min_part, max_part,
                           num_splits, stride_ob, stride_oh,
                           NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
+                          BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                          KV_EARLY: tl.constexpr, PDL: tl.constexpr):
+    if not KV_EARLY:
+        pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + b)   # a step input: no kernel of the forward writes it
     used = tl.cdiv(ctx, _row_partition(ctx, want, min_part, max_part, num_splits, BLOCK_N))
+    if KV_EARLY:
+        pdl_wait(PDL)
     _merge_splits(ml_ptr, acc_ptr, out_ptr, b, h, used, num_splits, stride_ob, stride_oh,
                   NUM_HEADS, D, BLOCK_D, SPLITS_PAD)
 
@@ -430,6 +463,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if cfg["fused_merge"] and splits <= cfg["fused_merge_max_splits"]:
             cnt = arrival_counters(q.device, batch * num_kv_heads)
     fused = cnt is not None
+    early = bool(cfg["kv_early"])
     _decode_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
         cnt if fused else ml, float(scale) * _LOG2E, float(k_scale), float(v_scale),
@@ -439,13 +473,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
         BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype),
         DIRECT=direct, F32=_INTERPRET, PAGE_AHEAD=bool(cfg["page_ahead"]), FUSED=fused,
-        SPLITS_PAD=_pow2(splits) if fused else 1, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **launch_opts())
+        SPLITS_PAD=_pow2(splits) if fused else 1, KV_EARLY=early, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_opts("attention"))
     if not direct and not fused:
         _decode_reduce_kernel[(batch, num_heads)](
             ml, acc, context_lens, out, plan.want, plan.min_part, plan.max_part, splits,
             out.stride(0), out.stride(1), NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d,
-            BLOCK_N=block_n, SPLITS_PAD=_pow2(splits), num_warps=4, **launch_opts())
+            BLOCK_N=block_n, SPLITS_PAD=_pow2(splits), KV_EARLY=early, num_warps=4,
+            **launch_opts("merge"))
     return out
 
 
@@ -497,6 +532,36 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, 
         v = (v.to(tl.float32) * v_scale).to(q.dtype)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _kv_offsets(bt_row, start, end, tok, kvh, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+                stride_cblk, stride_ctok, stride_ch):
+    """The cache offsets of KV head `kvh`'s keys `tok` (the tile at `start`)."""
+    page = _pages(bt_row, start, end, BS, BLOCK_N)
+    return page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+
+
+@triton.jit
+def _scores(q, k, tmask, m_i, l_i, qk_scale, k_scale, FP8: tl.constexpr, F32: tl.constexpr):
+    """A K tile into the online softmax: (p, new max, rescale of the old terms, new sum)."""
+    if FP8:
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
+    s = _dot(q, tl.trans(k), F32) * qk_scale
+    s = tl.where(tmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, m_new, alpha, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _accumulate(acc, p, alpha, v, v_scale, dt: tl.constexpr, FP8: tl.constexpr,
+                F32: tl.constexpr):
+    """Its V tile into the accumulator."""
+    if FP8:
+        v = (v.to(tl.float32) * v_scale).to(dt)
+    return acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
 
 
 @triton.jit

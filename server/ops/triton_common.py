@@ -48,15 +48,19 @@ def dot(a, b, F32: tl.constexpr):
 # With PDL (Hopper and later) a kernel is launched while its predecessor's last blocks
 # are still running; it then waits in `pdl_wait` (griddepcontrol.wait) until that
 # predecessor has finished and its writes are visible. Every kernel launched with
-# `launch_opts()` calls `pdl_wait(PDL)` before its first memory access, so it computes
-# exactly what a plainly launched kernel does; only the launch latency overlaps.
+# `launch_opts()` calls `pdl_wait(PDL)` before it reads anything a kernel of the forward
+# writes, so it computes exactly what a plainly launched kernel does; what it reads
+# before the wait is only what no such kernel writes (weights; a module's EARLY_READS:
+# step inputs, constant tables, cached keys; tests/server/test_pdl.py checks both).
 # PAGEFLEET_PDL: "early" (default): each kernel also lets its own successor launch right
 # after its wait (griddepcontrol.launch_dependents) instead of as its blocks exit, so the
 # successor's blocks are resident and waiting when it finishes (the CUTLASS pattern; H200,
 # 2026-12-02: B=1 decode step 4.51 ms bf16 / 2.89 ms fp8, against 4.56 / 3.02 with "1"
-# and 4.59 / 3.07 with "0"); "1": the wait only, successors launch as blocks exit; "0":
-# off. The interpreter and GPUs before Hopper never use it.
-PDL_OFF, PDL_WAIT, PDL_EARLY = 0, 1, 2
+# and 4.59 / 3.07 with "0"), and the roles in EAGER_OPS release it before their wait;
+# "eager": every kernel releases it before its wait (slower, below); "1": the wait only,
+# successors launch as blocks exit; "0": off. The interpreter and GPUs before Hopper
+# never use it.
+PDL_OFF, PDL_WAIT, PDL_EARLY, PDL_EAGER = 0, 1, 2, 3
 _PDL: int | None = None
 
 
@@ -67,9 +71,9 @@ def pdl() -> int:
     global _PDL
     if _PDL is None:
         env = os.environ.get("PAGEFLEET_PDL", "early").strip().lower()
-        mode = {"0": PDL_OFF, "1": PDL_WAIT, "early": PDL_EARLY}.get(env)
+        mode = {"0": PDL_OFF, "1": PDL_WAIT, "early": PDL_EARLY, "eager": PDL_EAGER}.get(env)
         if mode is None:
-            raise ValueError(f"PAGEFLEET_PDL={env!r}: expected 0, 1 or early")
+            raise ValueError(f"PAGEFLEET_PDL={env!r}: expected 0, 1, early or eager")
         if mode and INTERPRET:
             mode = PDL_OFF
         why = f"PAGEFLEET_PDL={env}"
@@ -87,7 +91,8 @@ def pdl() -> int:
         if not INTERPRET and torch.cuda.is_available():
             logging.getLogger("pagefleet.engine").info(
                 "Kernel launches: programmatic dependent launch %s (%s)",
-                {PDL_OFF: "off", PDL_WAIT: "on", PDL_EARLY: "on, early release"}[mode], why)
+                {PDL_OFF: "off", PDL_WAIT: "on", PDL_EARLY: "on, early release",
+                 PDL_EAGER: "on, release before the wait"}[mode], why)
         _PDL = mode
     return _PDL
 
@@ -104,10 +109,41 @@ def _driver_version() -> int:
         return 0
 
 
-def launch_opts() -> dict:
+# Kernel roles ("rmsnorm", "rotary", "attention", "merge", "gemv", "silu"; a role
+# "@tag" while `OP_TAG` is tag) whose kernels, in the early mode, release their successor
+# before their own wait (PDL_EAGER): the kernel after them is resident, and doing what
+# does not depend on them (the decode attention's step inputs and cached keys, the
+# merge's context lengths, a GEMV's first weights), a kernel sooner. Eager release only
+# ever lets a successor *start*: its own wait still returns only when this kernel (and
+# so, transitively, every kernel before it) has finished. Default: the rotary + KV
+# write, the decode attention and its merge. H200, AWQ Qwen2.5-7B decode forward at
+# B=1, 1K context (engine_gemv_ab.py, 2026-12-04, seventeenth session): 1.564 against
+# 1.616 ms with none (the attention's own time 100 against 135 us a step); eager
+# everywhere (PAGEFLEET_PDL=eager) 1.68 against 1.65, the norm before gate_up 1.667:
+# a GEMV's weight stream launched early competes with the one before it.
+# PAGEFLEET_PDL_EAGER: a comma list instead ("" for none).
+ROLES = ("rmsnorm", "rotary", "attention", "merge", "gemv", "silu")
+
+
+def _eager_ops(env: str) -> set[str]:
+    ops = {o.strip() for o in env.split(",") if o.strip()}
+    bad = sorted(o for o in ops if o.split("@")[0] not in ROLES)
+    if bad:
+        raise ValueError(f"PAGEFLEET_PDL_EAGER={env!r}: unknown kernel roles {bad}; "
+                         f"expected a comma list of {', '.join(ROLES)}")
+    return ops
+
+
+EAGER_OPS: set[str] = _eager_ops(os.environ.get("PAGEFLEET_PDL_EAGER", "rotary,attention,merge"))
+OP_TAG = ""
+
+
+def launch_opts(op: str = "") -> dict:
     """Keyword arguments for a launch of a kernel that takes `PDL: tl.constexpr` and
-    starts with `pdl_wait(PDL)`."""
+    starts with `pdl_wait(PDL)`; `op`: its role (see EAGER_OPS)."""
     mode = pdl()
+    if mode == PDL_EARLY and EAGER_OPS and (op in EAGER_OPS or f"{op}@{OP_TAG}" in EAGER_OPS):
+        mode = PDL_EAGER
     return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": PDL_OFF}
 
 
@@ -115,6 +151,8 @@ def launch_opts() -> dict:
 def pdl_wait(PDL: tl.constexpr):
     """Wait until the kernel before this one has finished (a no-op without PDL); in the
     early mode, then let the next kernel launch."""
+    if PDL == 3:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:
         tl.extra.cuda.gdc_wait()
     if PDL == 2:

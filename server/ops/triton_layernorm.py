@@ -63,7 +63,8 @@ def _launch(x, residual, weight, eps, add):
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(rows,)](
             x, residual if add else x, weight, out, res_out, float(eps), n_inner, s0, s1, r0, r1,
-            N=n, BLOCK=block, ADD=add, num_warps=min(max(block // 512, 1), 8), **launch_opts())
+            N=n, BLOCK=block, ADD=add, num_warps=min(max(block // 512, 1), 8),
+            **launch_opts("rmsnorm"))
     return out, res_out
 
 

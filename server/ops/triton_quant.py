@@ -942,7 +942,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False)
     common = dict(GROUP=group_size if group_size < k else 1 << 30,   # one group: one compile
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
-                  FUSED=o.fused, num_warps=warps, **launch_opts())
+                  FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
     if plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],

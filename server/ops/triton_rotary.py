@@ -14,6 +14,13 @@ import triton.language as tl
 
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 
+# "inputs_early": `_rotary_store_kernel` reads its position, cos/sin and slot before the
+# PDL wait (see there).
+ROTARY_CONFIG = {"inputs_early": True}
+# What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
+# step inputs and the constant cos/sin table, which no kernel of the forward writes.
+EARLY_READS = {"_rotary_store_kernel": ("pos_ptr", "cs_ptr", "slot_ptr")}
+
 
 @triton.jit
 def _rotated(x_ptr, cos, sin, t, stride_t, stride_h, H, dt, HALF: tl.constexpr,
@@ -67,15 +74,20 @@ def _rotary_store_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, qo_ptr,
                          k_scale, v_scale, stride_qt, stride_qh, stride_kt, stride_kh,
                          stride_vt, stride_vh, HQ, HK, HALF: tl.constexpr,
                          BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QUANT: tl.constexpr,
-                         PDL: tl.constexpr):
+                         EARLY: tl.constexpr, PDL: tl.constexpr):
     """Rotary on q (to qo) and k, and k and v written straight into the cache slot:
-    the rotated k never goes through memory, and one launch does what two did."""
-    pdl_wait(PDL)
+    the rotated k never goes through memory, and one launch does what two did. EARLY:
+    the position, its cos/sin and the slot (step inputs and a constant table, which no
+    kernel of the forward writes) are read before the PDL wait, so only q/k/v wait."""
     t = tl.program_id(0)
     dt = qo_ptr.dtype.element_ty
+    if not EARLY:
+        pdl_wait(PDL)
     cos, sin = _cos_sin(pos_ptr, cs_ptr, t, dt, HALF)
-    _rotate(q_ptr, qo_ptr, cos, sin, t, stride_qt, stride_qh, HQ, HALF, BLOCK_HQ)
     slot = tl.load(slot_ptr + t).to(tl.int64)
+    if EARLY:
+        pdl_wait(PDL)
+    _rotate(q_ptr, qo_ptr, cos, sin, t, stride_qt, stride_qh, HQ, HALF, BLOCK_HQ)
     k1, k2, h, mask = _rotated(k_ptr, cos, sin, t, stride_kt, stride_kh, HK, dt, HALF, BLOCK_HK)
     mask = mask & ((h * 0 + slot) >= 0)          # slot -1: padding, nothing written
     c = tl.arange(0, HALF)[None, :]
@@ -116,7 +128,8 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         _rotary_kernel[(n,)](positions, q, k, cs, qo, ko, q.stride(0), q.stride(1),
                              k.stride(0), k.stride(1), hq, hk, HALF=d // 2,
                              BLOCK_HQ=triton.next_power_of_2(hq),
-                             BLOCK_HK=triton.next_power_of_2(hk), num_warps=4, **launch_opts())
+                             BLOCK_HK=triton.next_power_of_2(hk), num_warps=4,
+                             **launch_opts("rotary"))
     return qo, ko
 
 
@@ -143,6 +156,6 @@ def rotary_and_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             positions, slot_mapping, q, k, v, cs, qo, k_cache, v_cache, float(k_scale),
             float(v_scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), hq, hk, HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq),
-            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype, num_warps=4,
-            **launch_opts())
+            BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype,
+            EARLY=bool(ROTARY_CONFIG["inputs_early"]), num_warps=4, **launch_opts("rotary"))
     return qo

@@ -51,14 +51,16 @@ def main() -> int:
     rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "q_ptr": "*bf16", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "qo_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16",
             "k_scale": "fp32", "v_scale": "fp32"}
-    rope_cx = {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "QUANT": False}
+    rope_cx = {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "QUANT": False,
+               "EARLY": tr.ROTARY_CONFIG["inputs_early"]}
     dc = ta.DECODE_CONFIG
     dec = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "bt_ptr": "*i32",
            "ctx_ptr": "*i64", "out_ptr": "*bf16", "ml_ptr": "*fp32", "acc_ptr": "*fp32",
            "cnt_ptr": "*i32", "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
     dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
               "BLOCK_N": dc["block_n"], "FP8": False, "F32": False,
-              "PAGE_AHEAD": dc["page_ahead"], "FUSED": False, "SPLITS_PAD": 1}
+              "PAGE_AHEAD": dc["page_ahead"], "FUSED": False, "SPLITS_PAD": 1,
+              "KV_EARLY": dc["kv_early"]}
     g128 = {"GROUP": 128, "EVEN": True}   # the group size, and tiles that divide the shape
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
@@ -171,7 +173,8 @@ def main() -> int:
         ("decode attention, direct", ta._decode_kernel, dec, {**dec_cx, "DIRECT": True},
          dc["num_warps"], dc["num_stages"]),
         ("decode reduce", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
-         "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8}, 4, 2),
+         "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8,
+         "KV_EARLY": dc["kv_early"]}, 4, 2),
         # Qwen2.5-7B's heads; positions and slots arrive as int64 staging slices
         ("rotary + KV write", tr._rotary_store_kernel, rope, rope_cx, 4, 2),
         ("rotary + KV write, fp8 cache", tr._rotary_store_kernel,
@@ -180,6 +183,15 @@ def main() -> int:
         # griddepcontrol.launch_dependents compiles too
         ("rotary + KV write, PDL early", tr._rotary_store_kernel, rope, {**rope_cx, "PDL": 2},
          4, 2),
+        # the roles released before their wait by default (triton_common.EAGER_OPS):
+        # launch_dependents ahead of griddepcontrol.wait
+        ("rotary + KV write, PDL eager", tr._rotary_store_kernel, rope, {**rope_cx, "PDL": 3},
+         4, 2),
+        ("decode attention, split, PDL eager", ta._decode_kernel, dec,
+         {**dec_cx, "DIRECT": False, "PDL": 3}, dc["num_warps"], dc["num_stages"]),
+        ("decode reduce, PDL eager", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
+         "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8,
+         "KV_EARLY": dc["kv_early"], "PDL": 3}, 4, 2),
     ]
     failed = 0
     for name, fn, ptrs, cx, warps, stages in cases:
@@ -198,7 +210,38 @@ def main() -> int:
     failed += not gluon_prefill_splits_registers(target)
     failed += not gluon_gemv_feeds_mma_in_registers(target, w4)
     failed += not gluon_tma_gemv_streams_by_tma(target, w4)
+    failed += not step_inputs_read_before_the_wait(target, dec, dec_cx, dc, rope, rope_cx)
     return 1 if failed else 0
+
+
+def step_inputs_read_before_the_wait(target, dec: dict, dec_cx: dict, dc: dict, rope: dict,
+                                     rope_cx: dict) -> bool:
+    """The decode attention (DECODE_CONFIG["kv_early"]) and the rotary + KV write
+    (ROTARY_CONFIG["inputs_early"]) issue the reads that do not depend on the kernel
+    before them ahead of griddepcontrol.wait: in their PTX some global load comes before
+    the wait (the attention's: the context length, the page id, the first K/V tile), and
+    the wait still comes before the loads of what that kernel writes."""
+    import re
+    name = "step inputs and cached keys read before the PDL wait"
+    cases = {"decode attention": (ta._decode_kernel, dec, {**dec_cx, "DIRECT": False},
+                                  dc["num_warps"], dc["num_stages"]),
+             "rotary + KV write": (tr._rotary_store_kernel, rope, rope_cx, 4, 2)}
+    seen = {}
+    try:
+        for key, (fn, ptrs, cx, warps, stages) in cases.items():
+            cx = {**cx, "PDL": 2}
+            src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
+            ptx = triton.compile(src, target=target, options={
+                "num_warps": warps, "num_stages": stages, "launch_pdl": True}).asm["ptx"]
+            wait = ptx.find("griddepcontrol.wait")
+            seen[key] = (wait > 0, len(re.findall(r"ld\.global", ptx[:max(wait, 0)])),
+                         len(re.findall(r"ld\.global", ptx[max(wait, 0):])))
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    ok = all(w and before > 0 and after > 0 for w, before, after in seen.values())
+    print(f"{'ok' if ok else 'FAILED'} {name} (wait found, loads before, loads after): {seen}")
+    return ok
 
 
 def gemv_registers_stay_few(target, int4: dict, fp8: dict, w4: dict, f8: dict) -> bool:

@@ -157,6 +157,51 @@ def test_decode_padded_rows_are_zero(monkeypatch):
         assert rel_err(out[:1], ref) <= TOL[torch.float16]
 
 
+@pytest.mark.parametrize("target", [1, 1000])   # one split a row (direct), many
+def test_decode_keys_read_before_the_wait_see_the_new_key(monkeypatch, target):
+    """`kv_early`: each split's first K/V tile is read before the PDL wait, and the row's
+    new key and value (which the rotary kernel before writes) again after it. The
+    interpreter runs one program at a time, so the race is staged: as each program asks
+    for its early tile the new slots hold stale data (a hook on `_kv_offsets`), and its
+    wait writes the new key and value (a hook on `pdl_wait`), as the kernel before
+    finishing would. The output must be kv_early off's with the new keys in place, bit
+    for bit: the new key alone in a row, first or last in a tile, in a later tile, a
+    padding row, fp8 caches."""
+    rng = random.Random(23)
+    ctx = [20, 1, 64, 65, 0, 130]
+    bs, hk, hq, d = 16, 2, 8, 16
+    nb = sum(-(-c // bs) for c in ctx) + 3
+    tables = block_tables_for(ctx, bs, nb, rng)
+    ctx_t = torch.tensor(ctx, dtype=torch.int64, device=DEV)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(4)).to(DEV)
+    slots = torch.tensor([int(tables[i, (c - 1) // bs]) * bs + (c - 1) % bs
+                          for i, c in enumerate(ctx) if c], device=DEV)
+    for key, value in (("target_programs", target), ("split_programs", 64),
+                       ("min_partition", 32), ("max_partition", 64), ("block_n", 32)):
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
+    offsets, wait = triton_attention._kv_offsets, triton_attention.pdl_wait
+    for kv_dtype in (torch.float32, FP8):
+        kc, vc = make_cache(nb, bs, hk, d, kv_dtype, 9)
+        flat_k, flat_v = kc.view(-1, hk, d), vc.view(-1, hk, d)
+        new = flat_k[slots].clone(), flat_v[slots].clone()
+        stale = (torch.full_like(new[0], 3.0), torch.full_like(new[1], -2.0))
+
+        def put(kv):
+            flat_k[slots], flat_v[slots] = kv
+
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, "kv_early", False)
+        ref = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2, 0.5, 1.5)
+        monkeypatch.setitem(triton_attention.DECODE_CONFIG, "kv_early", True)
+        monkeypatch.setattr(triton_attention, "_kv_offsets",
+                            lambda *a: (put(stale), offsets(*a))[1])
+        monkeypatch.setattr(triton_attention, "pdl_wait", lambda PDL: put(new))
+        got = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2, 0.5, 1.5)
+        monkeypatch.setattr(triton_attention, "_kv_offsets", offsets)
+        monkeypatch.setattr(triton_attention, "pdl_wait", wait)
+        assert torch.equal(got, ref)
+        assert torch.equal(flat_k[slots], new[0])
+
+
 @pytest.mark.parametrize("max_splits", [32, 2])
 def test_decode_merge_by_the_last_program_is_the_merge_pass(monkeypatch, max_splits):
     """`fused_merge`: each row's last split to finish merges its KV head's query heads
