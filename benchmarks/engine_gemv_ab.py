@@ -27,7 +27,9 @@ Output: a table (median of each variant's rounds, and every round) and
 $OUT/engine_gemv_ab.json. The first variant is the reference for `same_tokens`: each
 variant's greedy next tokens at batch B from the same decode state (a variant that only
 moves loads gives the same; one that sums in another order may flip a near-tie of the
-random-weight model)."""
+random-weight model), and for `same_bits`: the forward's output equal bit for bit in
+every round, replayed with this step's new keys and values poisoned first
+(`_poison_new_slots`), so a kernel that reads them too early shows."""
 
 from __future__ import annotations
 
@@ -47,20 +49,90 @@ OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ") or next(
     (d for d in ("/dev/shm/qwen2.5-7b-random-awq", "/tmp/qwen2.5-7b-random-awq")
      if Path(d, "config.json").exists()), "/tmp/qwen2.5-7b-random-awq")
-CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG")
+CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG", "ROTARY_CONFIG")
 
 
 def _config_dicts() -> dict:
-    from pagefleet.server.ops import triton_attention, triton_quant
+    from pagefleet.server.ops import triton_attention, triton_quant, triton_rotary
     return {"W4_CONFIG": triton_quant.W4_CONFIG, "FP8_CONFIG": triton_quant.FP8_CONFIG,
-            "DECODE_CONFIG": triton_attention.DECODE_CONFIG}
+            "DECODE_CONFIG": triton_attention.DECODE_CONFIG,
+            "ROTARY_CONFIG": triton_rotary.ROTARY_CONFIG}
+
+
+_PDL_MODE: list[int] = []   # the process's PDL mode, once read
+_ABLATE: set[str] = set()   # the current variant's kernels left out ("ABLATE")
+_ROLES_ABLATABLE = {"rmsnorm": ("triton_layernorm", "_rms_norm_kernel"),
+                    "rotary": ("triton_rotary", "_rotary_store_kernel"),
+                    "merge": ("triton_attention", "_decode_reduce_kernel")}
+
+
+class _Ablatable:
+    """A kernel whose launches are skipped while its role (or "role@tag", the layer half
+    it runs in) is in _ABLATE: the forward's time without it, an upper bound on what
+    fusing it into a neighbour could save (the outputs are then wrong)."""
+
+    def __init__(self, role: str, kernel) -> None:
+        self.role, self.kernel = role, kernel
+
+    def __getitem__(self, grid):
+        from pagefleet.server.ops import triton_common
+        if self.role in _ABLATE or f"{self.role}@{triton_common.OP_TAG}" in _ABLATE:
+            return lambda *a, **k: None
+        return self.kernel[grid]
+
+
+def _install_hooks() -> None:
+    """The layer halves tag their launches (triton_common.OP_TAG: "in" for the input norm,
+    q/k/v and rotary, "out" for o, the second norm and the MLP) so a variant can name
+    one of the two norms; the ablatable kernels wrapped."""
+    import importlib
+
+    from pagefleet.server.models import decoder
+    from pagefleet.server.ops import triton_common
+
+    def tagged(fn, tag):
+        def run(*a, **k):
+            triton_common.OP_TAG = tag
+            try:
+                return fn(*a, **k)
+            finally:
+                triton_common.OP_TAG = ""
+        return run
+    for cls in vars(decoder).values():
+        if isinstance(cls, type) and hasattr(cls, "attn_in") and hasattr(cls, "attn_out"):
+            cls.attn_in = tagged(cls.attn_in, "in")
+            cls.attn_out = tagged(cls.attn_out, "out")
+    for role, (mod, name) in _ROLES_ABLATABLE.items():
+        m = importlib.import_module(f"pagefleet.server.ops.{mod}")
+        setattr(m, name, _Ablatable(role, getattr(m, name)))
 
 
 def _apply(variant: dict, shipped: dict) -> None:
-    """The shipped configs with the variant's keys over them."""
-    unknown = set(variant) - set(CONFIGS)
+    """The shipped configs with the variant's keys over them. "PDL": a PAGEFLEET_PDL mode
+    ("0", "1", "early", "eager") for this variant's launches instead of the process's;
+    "PDL_EAGER": kernel roles released before their wait (triton_common.EAGER_OPS, e.g.
+    ["merge", "rmsnorm@out"]); "ABLATE": kernel roles left out (`_Ablatable`)."""
+    from pagefleet.server.ops import triton_common
+    extra = {"PDL", "PDL_EAGER", "ABLATE"}
+    unknown = set(variant) - set(CONFIGS) - extra
     if unknown:
-        raise SystemExit(f"variant keys must be among {CONFIGS}, got {sorted(unknown)}")
+        raise SystemExit(f"variant keys must be among {CONFIGS} or {sorted(extra)}, "
+                         f"got {sorted(unknown)}")
+    if not _PDL_MODE:
+        _PDL_MODE.append(triton_common.pdl())
+        _PDL_MODE.append(set(triton_common.EAGER_OPS))
+        _install_hooks()
+    modes = {"0": triton_common.PDL_OFF, "1": triton_common.PDL_WAIT,
+             "early": triton_common.PDL_EARLY, "eager": triton_common.PDL_EAGER}
+    triton_common._PDL = modes[variant["PDL"]] if "PDL" in variant else _PDL_MODE[0]
+    triton_common.EAGER_OPS.clear()
+    triton_common.EAGER_OPS.update(variant.get("PDL_EAGER", _PDL_MODE[1]))
+    bad = set(r.split("@")[0] for r in variant.get("ABLATE", ())) - set(_ROLES_ABLATABLE)
+    if bad:
+        raise SystemExit(f"ABLATE roles must be among {sorted(_ROLES_ABLATABLE)}, "
+                         f"got {sorted(bad)}")
+    _ABLATE.clear()
+    _ABLATE.update(variant.get("ABLATE", ()))
     for name, cfg in _config_dicts().items():
         cfg.clear()
         cfg.update(shipped[name])
@@ -85,17 +157,37 @@ def _decode_state(llm, batch: int, prompt_len: int, seed: int) -> list[str]:
     return ids
 
 
-def _time_variant(runner, batch: int, ctx: int) -> tuple[float, list[int]]:
-    """(ms of one decode forward replayed from a graph of its own, its greedy next tokens;
-    eager and graph outputs are equal, see the runner)."""
+def _time_variant(runner, batch: int, ctx: int):
+    """(ms of one decode forward replayed from a graph of its own, its greedy next tokens,
+    its output). The output is a replay of a graph captured here after this step's new
+    keys and values were overwritten with NaN in every layer's cache: a kernel that read
+    them before the kernel writing them had finished (a PDL race) gives NaN or other
+    bits than the reference variant."""
     import torch
     pad = next(b for b in runner._decode_sizes if b >= batch)
     width = runner._graph_width(pad, ctx)
     with torch.inference_mode():
         ms = graph_ms(lambda: runner._decode_forward(pad, width), reps=1, n=50)
-        out = runner._decode_forward(pad, width)
-        tokens = runner.model.compute_logits(out[:batch]).argmax(-1).tolist()
-    return ms, tokens
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = runner._decode_forward(pad, width)
+        _poison_new_slots(runner, pad)
+        g.replay()
+        torch.cuda.synchronize()
+        hidden = out[:batch].clone()
+        tokens = runner.model.compute_logits(hidden).argmax(-1).tolist()
+    return ms, tokens, hidden
+
+
+def _poison_new_slots(runner, pad: int) -> None:
+    """NaN into the cache slots this decode step writes (every layer, keys and values)."""
+    slots = runner._g_tok[2, :pad].long()
+    slots = slots[slots >= 0]
+    for mod in runner.model.modules():
+        for name in ("k_cache", "v_cache"):
+            cache = getattr(mod, name, None)
+            if cache is not None and hasattr(cache, "view") and cache.dim() == 4:
+                cache.view(-1, *cache.shape[2:])[slots] = float("nan")
 
 
 # a decode forward's kernels by role; the GEMVs (one kernel name) take their layer role from
@@ -183,12 +275,16 @@ def main() -> None:
         ctx = max(len(llm.engine.scheduler.requests[r].all_token_ids) for r in ids)
         times: dict[int, list[float]] = {i: [] for i in range(len(variants))}
         tokens: dict[int, list[int]] = {}
+        same_bits: dict[int, bool] = {}
+        ref = None
         for rnd in range(args.rounds):
             for i, var in enumerate(variants):
                 _apply(var, shipped)
-                ms, tok = _time_variant(runner, batch, ctx)
+                ms, tok, hidden = _time_variant(runner, batch, ctx)
                 times[i].append(ms)
                 tokens.setdefault(i, tok)
+                ref = hidden if ref is None else ref
+                same_bits[i] = same_bits.get(i, True) and bool(torch.equal(hidden, ref))
                 log(f"B={batch} round {rnd} {json.dumps(var) or 'shipped'}: {ms:.4f} ms")
         traces = {}
         if args.trace:
@@ -203,14 +299,15 @@ def main() -> None:
         for i, var in enumerate(variants):
             rows.append({"batch": batch, "variant": var or "shipped",
                          "median_ms": statistics.median(times[i]), "rounds_ms": times[i],
-                         "same_tokens": tokens[i] == tokens[0], "trace": traces.get(i)})
+                         "same_tokens": tokens[i] == tokens[0], "same_bits": same_bits[i],
+                         "trace": traces.get(i)})
         for r in ids:
             llm.engine.abort_request(r)
         (OUT / "engine_gemv_ab.json").write_text(json.dumps({"rows": rows}, indent=1))
     for r in rows:
         print(f"B={r['batch']:<3} {json.dumps(r['variant'])[:80]:80s} {r['median_ms']:.4f} ms  "
               f"rounds {' '.join(f'{x:.4f}' for x in r['rounds_ms'])}  "
-              f"same tokens {r['same_tokens']}")
+              f"same tokens {r['same_tokens']} same bits {r['same_bits']}")
         if r["trace"]:
             print("      " + "  ".join(f"{k} {v['us']:.0f}us/{v['kernels']}"
                                        for k, v in r["trace"]["roles"].items())
