@@ -62,7 +62,10 @@ DECODE_CONFIG = {
     # before their PDL wait: the context lengths, and (attention) the block table and each
     # split's first K/V tile, the row's new key (written by the rotary kernel just before)
     # read again after the wait. A B=1 step's attention otherwise starts a chain of
-    # dependent reads (length, page, keys) only when the rotary kernel is done.
+    # dependent reads (length, page, keys) only when the rotary kernel is done. Split
+    # launches only (a batch too small to fill the GPU alone, see `decode_plan`): the
+    # early tile costs registers (sm_90: 154 against 96 split, 156 against 128 direct),
+    # and a batch that fills the GPU is long past its first tile's latency.
     "kv_early": True,
 }
 # H200, 2026-12-02 (evening, BENCHMARKS.md): 128 x 128 tiles, 8 warps, 3 stages with the
@@ -463,7 +466,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if cfg["fused_merge"] and splits <= cfg["fused_merge_max_splits"]:
             cnt = arrival_counters(q.device, batch * num_kv_heads)
     fused = cnt is not None
-    early = bool(cfg["kv_early"])
+    early = bool(cfg["kv_early"]) and not direct
     _decode_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
         cnt if fused else ml, float(scale) * _LOG2E, float(k_scale), float(v_scale),
