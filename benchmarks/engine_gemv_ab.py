@@ -59,7 +59,7 @@ def _config_dicts() -> dict:
             "ROTARY_CONFIG": triton_rotary.ROTARY_CONFIG}
 
 
-_PDL_MODE: list[int] = []   # the process's PDL mode, once read
+_PROCESS: dict = {}   # the process's PDL mode and eager roles, read before any variant
 _ABLATE: set[str] = set()   # the current variant's kernels left out ("ABLATE")
 _ROLES_ABLATABLE = {"rmsnorm": ("triton_layernorm", "_rms_norm_kernel"),
                     "rotary": ("triton_rotary", "_rotary_store_kernel"),
@@ -118,15 +118,14 @@ def _apply(variant: dict, shipped: dict) -> None:
     if unknown:
         raise SystemExit(f"variant keys must be among {CONFIGS} or {sorted(extra)}, "
                          f"got {sorted(unknown)}")
-    if not _PDL_MODE:
-        _PDL_MODE.append(triton_common.pdl())
-        _PDL_MODE.append(set(triton_common.EAGER_OPS))
+    if not _PROCESS:
+        _PROCESS.update(pdl=triton_common.pdl(), eager=set(triton_common.EAGER_OPS))
         _install_hooks()
     modes = {"0": triton_common.PDL_OFF, "1": triton_common.PDL_WAIT,
              "early": triton_common.PDL_EARLY, "eager": triton_common.PDL_EAGER}
-    triton_common._PDL = modes[variant["PDL"]] if "PDL" in variant else _PDL_MODE[0]
+    triton_common._PDL = modes[variant["PDL"]] if "PDL" in variant else _PROCESS["pdl"]
     triton_common.EAGER_OPS.clear()
-    triton_common.EAGER_OPS.update(variant.get("PDL_EAGER", _PDL_MODE[1]))
+    triton_common.EAGER_OPS.update(variant.get("PDL_EAGER", _PROCESS["eager"]))
     bad = set(r.split("@")[0] for r in variant.get("ABLATE", ())) - set(_ROLES_ABLATABLE)
     if bad:
         raise SystemExit(f"ABLATE roles must be among {sorted(_ROLES_ABLATABLE)}, "

@@ -255,26 +255,20 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         # rotary + KV write) writes only each row's new key, at ctx - 1, and this step's
         # inputs (context lengths, block tables) were written before the forward began
         # (`KV_EARLY` in DECODE_CONFIG). After the wait the new key's row is read again.
-        tok0 = lo + n
-        tmask0 = tok0 < hi
-        off0 = _kv_offsets(bt_row, lo, hi, tok0, kvh, BS, BLOCK_N, stride_cblk, stride_ctok,
-                           stride_ch)
-        kv_mask = tmask0[:, None] & dmask[None, :]
-        k0 = tl.load(kc_ptr + off0[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v0 = tl.load(vc_ptr + off0[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        tok0, tmask0, off0, k0, v0 = _first_tile(kc_ptr, vc_ptr, bt_row, lo, hi, n, d, dmask,
+                                                 kvh, BS, BLOCK_N, stride_cblk, stride_ctok,
+                                                 stride_ch)
         pdl_wait(PDL)
         new = (tmask0 & (tok0 == ctx - 1))[:, None] & dmask[None, :]
         k0 = tl.where(new, tl.load(kc_ptr + off0[:, None] + d[None, :], mask=new, other=0.0), k0)
         v0 = tl.where(new, tl.load(vc_ptr + off0[:, None] + d[None, :], mask=new, other=0.0), v0)
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    if KV_EARLY:
         if lo < hi:
             p0, m_i, alpha0, l_i = _scores(q, k0, tmask0, m_i, l_i, qk_scale, k_scale, FP8, F32)
             acc = _accumulate(acc, p0, alpha0, v0, v_scale, q.dtype, FP8, F32)
         first = lo + BLOCK_N
-    else:
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0)
     # Page ids one tile ahead, as in `_prefill_kernel` (PAGE_AHEAD there): the K/V loads
     # then stay pipelined instead of waiting for all copies in flight every step.
     if PAGE_AHEAD:
@@ -287,7 +281,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
             page_next = _pages(bt_row, start + BLOCK_N, hi, BS, BLOCK_N)
         else:
             page = _pages(bt_row, start, hi, BS, BLOCK_N)
-        off = page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+        off = _kv_offsets(page, tok, kvh, BS, stride_cblk, stride_ctok, stride_ch)
         k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=tmask[:, None] & dmask[None, :],
                     other=0.0)
         p, m_i, alpha, l_i = _scores(q, k, tmask, m_i, l_i, qk_scale, k_scale, FP8, F32)
@@ -538,11 +532,24 @@ def _prefill_tile(q, acc, m_i, l_i, start, kv_end, q_pos, page, kc_ptr, vc_ptr, 
 
 
 @triton.jit
-def _kv_offsets(bt_row, start, end, tok, kvh, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-                stride_cblk, stride_ctok, stride_ch):
-    """The cache offsets of KV head `kvh`'s keys `tok` (the tile at `start`)."""
-    page = _pages(bt_row, start, end, BS, BLOCK_N)
+def _kv_offsets(page, tok, kvh, BS: tl.constexpr, stride_cblk, stride_ctok, stride_ch):
+    """The cache offsets of KV head `kvh`'s keys `tok` on their pages (`_pages`)."""
     return page.to(tl.int64) * stride_cblk + (tok % BS) * stride_ctok + kvh * stride_ch
+
+
+@triton.jit
+def _first_tile(kc_ptr, vc_ptr, bt_row, lo, hi, n, d, dmask, kvh, BS: tl.constexpr,
+                BLOCK_N: tl.constexpr, stride_cblk, stride_ctok, stride_ch):
+    """A split's first K/V tile, as `kv_early` reads it before the PDL wait: (its
+    tokens, their mask, their cache offsets, keys, values)."""
+    tok = lo + n
+    tmask = tok < hi
+    off = _kv_offsets(_pages(bt_row, lo, hi, BS, BLOCK_N), tok, kvh, BS, stride_cblk,
+                      stride_ctok, stride_ch)
+    kv_mask = tmask[:, None] & dmask[None, :]
+    k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    return tok, tmask, off, k, v
 
 
 @triton.jit

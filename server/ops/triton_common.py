@@ -142,7 +142,8 @@ def launch_opts(op: str = "") -> dict:
     """Keyword arguments for a launch of a kernel that takes `PDL: tl.constexpr` and
     starts with `pdl_wait(PDL)`; `op`: its role (see EAGER_OPS)."""
     mode = pdl()
-    if mode == PDL_EARLY and EAGER_OPS and (op in EAGER_OPS or f"{op}@{OP_TAG}" in EAGER_OPS):
+    if mode == PDL_EARLY and EAGER_OPS and (
+            op in EAGER_OPS or (OP_TAG and f"{op}@{OP_TAG}" in EAGER_OPS)):
         mode = PDL_EAGER
     return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": PDL_OFF}
 

@@ -162,7 +162,7 @@ def test_decode_keys_read_before_the_wait_see_the_new_key(monkeypatch, max_part)
     """`kv_early`: each split's first K/V tile is read before the PDL wait, and the row's
     new key and value (which the rotary kernel before writes) again after it. The
     interpreter runs one program at a time, so the race is staged: as each program asks
-    for its early tile the new slots hold stale data (a hook on `_kv_offsets`), and its
+    for its early tile the new slots hold stale data (a hook on `_first_tile`), and its
     wait writes the new key and value (a hook on `pdl_wait`), as the kernel before
     finishing would. The output must be kv_early off's with the new keys in place, bit
     for bit: the new key alone in a row, first or last in a tile, in a later tile, a
@@ -179,7 +179,7 @@ def test_decode_keys_read_before_the_wait_see_the_new_key(monkeypatch, max_part)
     for key, value in (("target_programs", 1000), ("split_programs", 8),
                        ("min_partition", 32), ("max_partition", max_part), ("block_n", 32)):
         monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
-    offsets, wait = triton_attention._kv_offsets, triton_attention.pdl_wait
+    first_tile, wait = triton_attention._first_tile, triton_attention.pdl_wait
     for kv_dtype in (torch.float32, FP8):
         kc, vc = make_cache(nb, bs, hk, d, kv_dtype, 9)
         flat_k, flat_v = kc.view(-1, hk, d), vc.view(-1, hk, d)
@@ -193,11 +193,11 @@ def test_decode_keys_read_before_the_wait_see_the_new_key(monkeypatch, max_part)
         ref = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2, 0.5, 1.5)
         monkeypatch.setitem(triton_attention.DECODE_CONFIG, "kv_early", True)
         early = []
-        monkeypatch.setattr(triton_attention, "_kv_offsets",
-                            lambda *a: (put(stale), early.append(1), offsets(*a))[2])
+        monkeypatch.setattr(triton_attention, "_first_tile",
+                            lambda *a: (put(stale), early.append(1), first_tile(*a))[2])
         monkeypatch.setattr(triton_attention, "pdl_wait", lambda PDL: put(new))
         got = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2, 0.5, 1.5)
-        monkeypatch.setattr(triton_attention, "_kv_offsets", offsets)
+        monkeypatch.setattr(triton_attention, "_first_tile", first_tile)
         monkeypatch.setattr(triton_attention, "pdl_wait", wait)
         assert early and torch.equal(got, ref)
         assert torch.equal(flat_k[slots], new[0])
