@@ -27,6 +27,7 @@ from pagefleet.server.models.linear import (LinearBase, MergedColumnParallelLine
                                             QKVParallelLinear, RowParallelLinear,
                                             WeightLoadError)
 from pagefleet.server.ops import activation, attention, layernorm, quant, rotary
+from pagefleet.server.ops import logits as logits_op
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Ops:
     silu_and_mul = staticmethod(activation.silu_and_mul)
     w4a16_linear = staticmethod(quant.w4a16_linear)
     fp8_linear = staticmethod(quant.fp8_linear)
+    logits = staticmethod(logits_op.logits)
 
     @classmethod
     def fp8_silu_linear(cls, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -323,10 +325,11 @@ class DecoderForCausalLM(nn.Module):
         return self.embed_tokens if self.lm_head is None else self.lm_head
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Logits `[rows, vocab]`; with tensor parallelism rank 0 gathers every rank's
-        vocabulary range and the other ranks get None."""
-        logits = nn.functional.linear(hidden, self.head_weight)
+        """Logits `[rows, vocab]` (float32 on one device, the ops' `logits`); with tensor
+        parallelism rank 0 gathers every rank's vocabulary range and the other ranks get
+        None."""
         if self.tp is None:
-            return logits
+            return self.ops.logits(hidden, self.head_weight)
+        logits = nn.functional.linear(hidden, self.head_weight)
         full = self.tp.gather_cat(logits, dim=-1)
         return full[:, :self.cfg.vocab_size] if full is not None else None

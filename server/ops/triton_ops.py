@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pagefleet.server.models.decoder import Ops
 from pagefleet.server.ops import (triton_activation, triton_attention, triton_layernorm,
-                                  triton_quant, triton_rotary)
+                                  triton_logits, triton_quant, triton_rotary)
 
 
 class TritonOps(Ops):
@@ -25,3 +25,4 @@ class TritonOps(Ops):
     w4a16_silu_linear = staticmethod(triton_quant.w4a16_silu_linear)
     fp8_linear = staticmethod(triton_quant.fp8_linear)
     fp8_silu_linear = staticmethod(triton_quant.fp8_silu_linear)
+    logits = staticmethod(triton_logits.logits)

@@ -18,6 +18,7 @@ from pagefleet.server.ops import gluon_attention as ga
 from pagefleet.server.ops import gluon_w4 as gw
 from pagefleet.server.ops import gluon_w4_tma as gt
 from pagefleet.server.ops import triton_attention as ta
+from pagefleet.server.ops import triton_logits as tlg
 from pagefleet.server.ops import triton_quant as tq
 from pagefleet.server.ops import triton_rotary as tr
 
@@ -192,10 +193,17 @@ def main() -> int:
         ("decode reduce, PDL eager", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
          "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8,
          "KV_EARLY": dc["kv_early"], "PDL": 3}, 4, 2),
+        # the decode logits GEMV (launched plainly, after the forward's graph)
+        ("logits gemv, one row", tlg._logits_gemv_kernel,
+         {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*fp32"},
+         {"ROWS": 1, "BLOCK_N": tlg.LOGITS_CONFIG["block_n"],
+          "BLOCK_K": tlg.LOGITS_CONFIG["block_k"]},
+         tlg.LOGITS_CONFIG["warps"], tlg.LOGITS_CONFIG["stages"]),
     ]
     failed = 0
     for name, fn, ptrs, cx, warps, stages in cases:
-        cx = {"PDL": 1, **cx}   # as launched on sm_90: programmatic dependent launch
+        if "PDL" in fn.arg_names:   # as launched on sm_90: programmatic dependent launch
+            cx = {"PDL": 1, **cx}
         try:
             src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
             triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages,

@@ -10,8 +10,9 @@ import pytest
 # kernel_helpers first: it sets TRITON_INTERPRET=1 before anything imports triton.
 from tests.server.kernel_helpers import (DEV, FP8, TOL, attention_small_tiles,
                                          make_cache, rel_err, torch, triton_attention)
-from pagefleet.server.ops import activation, layernorm, rotary
-from pagefleet.server.ops import triton_activation, triton_layernorm, triton_rotary
+from pagefleet.server.ops import activation, layernorm, logits, rotary
+from pagefleet.server.ops import (triton_activation, triton_layernorm, triton_logits,
+                                  triton_rotary)
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +44,29 @@ def test_rms_norm_per_head_on_strided_view(dtype):
     q = qkv[:, :4 * 32].view(5, 4, 32)
     w = (1 + 0.3 * torch.randn(32, generator=g)).to(dtype).to(DEV)
     assert rel_err(triton_layernorm.rms_norm(q, w, 1e-6), layernorm.rms_norm(q, w, 1e-6)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,vocab,hidden", [(1, 37, 200), (2, 64, 96), (3, 21, 130)])
+def test_logits_gemv(monkeypatch, dtype, rows, vocab, hidden):
+    """The decode logits GEMV against its twin: a vocabulary that is no multiple of the
+    strip, K no multiple of the tile; float32 out, each value rounded to the activation
+    dtype first (as the twin and HF's 16-bit lm_head round it)."""
+    monkeypatch.setitem(triton_logits.LOGITS_CONFIG, "max_rows", 2)
+    monkeypatch.setitem(triton_logits.LOGITS_CONFIG, "block_k", 64)
+    g = torch.Generator().manual_seed(rows * vocab)
+    x = torch.randn(rows, hidden, generator=g).to(dtype).to(DEV)
+    w = (0.1 * torch.randn(vocab, hidden, generator=g)).to(dtype).to(DEV)
+    launched = []
+    kernel = triton_logits._logits_gemv_kernel
+    monkeypatch.setattr(triton_logits, "_logits_gemv_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: launched.append(grid) or kernel[grid]})())
+    out = triton_logits.logits(x, w)
+    assert out.dtype == torch.float32 and out.shape == (rows, vocab)
+    assert bool(launched) == (rows <= 2)        # above max_rows: the twin (cuBLAS)
+    ref = logits.logits(x, w)
+    assert rel_err(out, ref) <= TOL[dtype]
+    assert torch.equal(out, out.to(dtype).float())
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
