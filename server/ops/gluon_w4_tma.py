@@ -14,9 +14,12 @@ one row (twelfth session). Here (fifteenth session):
   nothing the kernel before writes, so it starts at launch, under that kernel's tail
   (PDL); a split of at most STAGES tiles is requested whole at once;
 - the four math warps (`_consume`) stage the input row once (after the PDL wait), then
-  wait per tile on its slot's barrier alone (no block barrier in the loop, no address
-  arithmetic a tile) and each thread releases the slot on its `empty` mbarrier after
-  its product (the shared loads it made are then complete);
+  wait per tile on its slot's barrier (no address arithmetic a tile) and each thread
+  releases the slot on its `empty` mbarrier after its product (the shared loads it made
+  are then complete). Triton 3.6's barrier analysis still puts a `bar.sync` of the four
+  math warps before each of those waits (SASS read in the eighteenth session), which
+  the protocol does not need (`benchmarks/results/2026-12-04i-tma_nobar.patch`
+  removes it, unmeasured);
 - fp16 decodes a word in 9 instructions (`gluon_w4._pair_asm_fma`) and the staged row
   is stored in operand-register order, so operand B is four 16-byte loads a thread with
   nothing moved after (`_stage_row_paired`).
