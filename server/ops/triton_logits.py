@@ -1,13 +1,13 @@
-"""The logits projection at decode (twin: `logits.py`): a plain Triton GEMV for a few
-rows, cuBLAS above.
+"""The logits projection at decode (twin: `logits.py`): a plain Triton GEMV at one row
+(`LOGITS_CONFIG["max_rows"]`), cuBLAS above.
 
 Why: a decode step at batch 1 reads the whole lm_head (Qwen2.5-7B: 152,064 x 3,584,
 1.09 GB), the largest single weight of the step. cuBLAS runs it at 0.260 ms on an H200
-(4.2 TB/s); a one-row GEMV that streams 8-row strips with evict-first loads at 0.241
-(4.5 TB/s; BENCHMARKS.md, eighteenth session). It also writes
-float32 straight away, which saves the engine's separate `.float()` pass. Each row's
-product is rounded to the activation dtype before widening, as the twin (and HF
-transformers' bf16 lm_head) rounds it, so greedy ties break alike.
+(4.2 TB/s), this GEMV, streaming 8-row strips with evict-first loads, at 0.241 (4.5 TB/s;
+BENCHMARKS.md, eighteenth session). It also writes float32 straight away, which saves
+the engine's separate `.float()` pass. Each value is rounded to the activation dtype
+before it is widened, as the twin (and HF transformers' 16-bit lm_head) rounds it, so
+greedy ties break alike.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ LOGITS_CONFIG = {"max_rows": 1, "block_n": 8, "block_k": 512, "warps": 4, "stage
 @triton.jit
 def _logits_gemv_kernel(x_ptr, w_ptr, o_ptr, N, K, stride_x, stride_w,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Output columns [pid * BLOCK_N, +BLOCK_N) of every row: the weight strip read once,
-    each of the ROWS input rows against it, float32 sums."""
+    """Output columns [pid * BLOCK_N, +BLOCK_N) of each of the ROWS input rows, float32
+    sums (the strip is read again for each row: one row is what it serves)."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
