@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call (carry .whl-core): the engine's decode forward A/B'd across the
+# variants in $AB_VARIANTS_FILE (a JSON list for benchmarks/engine_gemv_ab.py; an
+# experiment's patches applied to the tree first), on the AWQ Qwen2.5-7B-shape checkpoint
+# it builds; with PARITY=1, greedy parity against HF transformers first
+# (gpu_check.py parity). ~1 minute to build, ~1-2 s a variant a round and batch.
+# Results: $OUT/engine_gemv_ab.{json,log} (and check.log); the table printed last.
+set -o pipefail
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. benchmarks/device_setup.sh
+pf_env .whl-core || exit 1
+if [ "${PARITY:-0}" = 1 ]; then
+  timeout "${PARITY_S:-190}" python3 benchmarks/gpu_check.py parity > "$OUT/check.log" 2>&1
+  grep -h "parity " "$OUT/check.log" | cut -c1-300
+fi
+OUT=/tmp/ab-q timeout 200 bash benchmarks/run_quant.sh --phases build,quantize \
+    > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+ENGINE_AB_VARIANTS=$(cat "${AB_VARIANTS_FILE:?a JSON list of variants}") OUT=/tmp/ab-out \
+    timeout "${AB_S:-400}" python3 benchmarks/engine_gemv_ab.py \
+    --batches "${AB_BATCHES:-1}" --rounds "${AB_ROUNDS:-3}" --trace > "$OUT/engine_ab.log" 2>&1
+cp /tmp/ab-out/engine_gemv_ab.json "$OUT/" 2>/dev/null
+grep -v "round\|trace {" "$OUT/engine_ab.log" | tail -80
