@@ -72,7 +72,7 @@ def warm_gemm_kernels(model, max_tokens: int, max_rows: int) -> tuple[int, float
     h = x[:, :head.shape[1]]
     # one device: the ops' logits (a Triton GEMV at the fewest rows, cuBLAS above);
     # tensor parallel: cuBLAS, as compute_logits runs it before the gather
-    logits = model.ops.logits if getattr(model, "tp", None) is None else torch.nn.functional.linear
+    logits = model.ops.logits if model.tp is None else torch.nn.functional.linear
     for m in range(1, min(max_rows, max_tokens) + 1):
         logits(h[:m], head)
         launches += 1

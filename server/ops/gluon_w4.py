@@ -172,6 +172,18 @@ ASM_FMA_F16 = triton.language.constexpr(_pair_asm_fma())
 if IMPORTED:
 
     @gluon.jit
+    def pdl_wait(PDL: gl.constexpr):
+        """`triton_common.pdl_wait` for the Gluon kernels (which cannot call a Triton
+        function): wait for the kernel before; release the next one before the wait in
+        the eager mode (3), after it in the early mode (2)."""
+        if PDL == 3:
+            gdc_launch_dependents()
+        if PDL:
+            gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+
+    @gluon.jit
     def _decode(w, zz, F16: gl.constexpr):
         """The 8 `q - z` of each word, as (nibble p, nibble p + 4) for p = 0..3."""
         if F16:
@@ -361,12 +373,7 @@ if IMPORTED:
         if PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
-        if PDL == 3:
-            gdc_launch_dependents()
-        if PDL:
-            gdc_wait()
-        if PDL == 2:
-            gdc_launch_dependents()
+        pdl_wait(PDL)
         if not PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
@@ -540,12 +547,7 @@ if IMPORTED:
                         s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk, k_start + i * BK, k_start,
                         k_end, M, N, stride_xm, GROUP, HAS_ZERO, True, False)
             _commit()
-        if PDL == 3:
-            gdc_launch_dependents()
-        if PDL:
-            gdc_wait()
-        if PDL == 2:
-            gdc_launch_dependents()
+        pdl_wait(PDL)
         for i in gl.static_range(STAGES - 1):
             _ring_issue(words.index(i), scl.index(i), zps.index(i), xs.index(i), qw_base,
                         s_ptr, z_ptr, x_ptr, wr, wn, cs, cz, xm, xk, k_start + i * BK, k_start,

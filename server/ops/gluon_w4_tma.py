@@ -48,7 +48,6 @@ try:   # Gluon's API moves between releases: any import failure = off
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     _tma_load = (getattr(tma, "async_load", None)                   # 3.9 / 3.6
                  or tma.async_copy_global_to_shared)
     IMPORTED = gluon_w4.IMPORTED
@@ -202,12 +201,7 @@ if IMPORTED:
         X_L: gl.constexpr = gluon_w4.acts_layout(WARPS)
         BOX_L: gl.constexpr = box_layout(NB, WARPS)
         VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
-        if PDL == 3:
-            gdc_launch_dependents()
-        if PDL:
-            gdc_wait()
-        if PDL == 2:
-            gdc_launch_dependents()
+        gluon_w4.pdl_wait(PDL)
         _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
         xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops import logits as twin
+
 # rows up to which the GEMV runs (cuBLAS above); its strip and K tile; warps; stages
 LOGITS_CONFIG = {"max_rows": 1, "block_n": 8, "block_k": 512, "warps": 4, "stages": 3}
 
@@ -51,7 +53,6 @@ def logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if (m == 0 or m > cfg["max_rows"] or hidden.dtype not in (torch.float16, torch.bfloat16)
             or weight.dtype != hidden.dtype or hidden.stride(-1) != 1
             or weight.stride(-1) != 1):
-        from pagefleet.server.ops import logits as twin
         return twin.logits(hidden, weight)
     n, k = weight.shape
     out = torch.empty(m, n, dtype=torch.float32, device=hidden.device)
