@@ -18,7 +18,8 @@ At one row the shipped plan stages the activations in shared memory and keeps 1-
 of weights in flight (`triton_quant.mma_plan`), or for gate_up and down the TMA kernel
 (`server/ops/gluon_w4_tma.py`); five more one-row plans run at every shape (two of them
 the TMA kernel with its ring refilled, odd splits and one-tile splits); the down projection's SiLU-and-mul taken into the staging must give the bits of
-the SiLU kernel then the GEMV. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
+the SiLU kernel then the GEMV; the o projection merging the decode attention's splits
+as it stages its row must match the merge pass then the GEMV. GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys over
 the shipped ones (a variant checked before it ships).
 """
 
@@ -144,6 +145,7 @@ def main() -> int:
             print("FAILED", json.dumps(rows[-1]))
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     failures += _silu_cases(tq, shipped, shapes, rows)
+    failures += _merge_cases(tq, shipped, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -208,6 +210,67 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
     cfg.update(shipped)
     print(f"SiLU staged with the row: {served} of {len(shapes) * 8} cases served, "
           f"{failures} not equal to the two kernels")
+    return failures + (served == 0)
+
+
+def _merge_cases(tq, shipped: dict, rows: list) -> int:
+    """The o projection merging the decode attention's splits as it stages its row
+    (`w4a16_attention_linear`, W4_CONFIG["merge_stage"] at 4, 8 and 16 splits a step)
+    against the attention's merge pass then the GEMV, Qwen2.5-7B's attention and o
+    shapes at one row: contexts of 1 to 8,192 tokens in a block table 8,192 wide (the
+    splits the grid has and those a row uses differ), fp16 and bf16, zero points or
+    none. Not the same bits (the splits are summed in another order): the relative
+    error against the two kernels must stay under 2e-3, the GEMV must have merged
+    (`merge_plan`), and a graph of the pair replayed must equal it run eagerly."""
+    import torch
+
+    from pagefleet.server.ops import triton_attention as ta
+    cfg = tq.W4_CONFIG
+    heads, kv_heads, hd, bs, width = 28, 4, 128, 16, 8192
+    n = k = heads * hd
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = width // bs + 1
+    failures = served = 0
+    for dtype, zero, ctx, chunk in itertools.product(
+            (torch.float16, torch.bfloat16), (True, False), (1, 63, 1026, 3000, 8192),
+            (4, 8, 16)):
+        cfg.clear()
+        cfg.update({**shipped, "merge_stage": chunk})
+        kc = torch.randn(blocks, bs, kv_heads, hd, device="cuda", dtype=dtype)
+        vc = torch.randn(blocks, bs, kv_heads, hd, device="cuda", dtype=dtype)
+        table = torch.randperm(blocks, device="cuda")[:width // bs].int()[None]
+        lens = torch.tensor([ctx], device="cuda", dtype=torch.int32)
+        q = torch.randn(1, heads, hd, device="cuda", dtype=dtype)
+        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
+        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+
+        def fused():
+            parts = ta.paged_decode_attention_parts(q, kc, vc, table, lens, hd ** -0.5)
+            return tq.w4a16_attention_linear(parts, qw, s, z, 128)
+
+        two = tq.w4a16_linear(ta.paged_decode_attention(q, kc, vc, table, lens, hd ** -0.5)
+                              .reshape(1, -1), qw, s, z, 128)
+        got = fused()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            replayed = fused()
+        g.replay()
+        torch.cuda.synchronize()
+        merges = tq.merge_plan(1, n, k, hd, sms, cfg) is not None
+        served += merges
+        err = ((got.float() - two.float()).abs().max() / two.float().abs().max()).item()
+        ok = err == err and err <= 2e-3 and bool(torch.equal(replayed, got))
+        failures += not ok
+        rows.append({"merge": chunk, "ctx": ctx, "dtype": str(dtype), "zeros": zero,
+                     "merged_in_gemv": merges, "rel_err": err,
+                     "graph_equal": bool(torch.equal(replayed, got)), "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]))
+    cfg.clear()
+    cfg.update(shipped)
+    print(f"attention splits merged in the o GEMV: {served} of 60 cases served, "
+          f"{failures} failures")
     return failures + (served == 0)
 
 

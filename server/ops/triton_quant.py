@@ -50,9 +50,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pagefleet.server.ops import gluon_w4, gluon_w4_tma
+from pagefleet.server.ops import gluon_common, gluon_w4, gluon_w4_tma
 from pagefleet.server.ops import quant as twin
-from pagefleet.server.ops import triton_activation
+from pagefleet.server.ops import triton_activation, triton_attention
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
@@ -235,6 +235,14 @@ W4_CONFIG = {
     # computes silu(gate) * up as it stages the row (`w4a16_silu_linear`): the same bits,
     # one launch a layer fewer.
     "silu_stage": True,
+    # The o projection at one row merges the decode attention's splits as it stages its
+    # row (`w4a16_attention_linear`, `gluon_w4._stage_merged`), this many splits a step
+    # (0: off: the attention's merge pass, then the GEMV). In the engine's AWQ decode
+    # forward at B=1 the merge pass is ~92 us a step (3.3 a layer, mostly its launch and
+    # its trip through global memory) and leaving it out saved 65 (BENCHMARKS.md,
+    # 2026-12-04, seventeenth session). Built in the nineteenth session without a GPU:
+    # compiled for sm_90, not yet measured or checked on one, so off.
+    "merge_stage": 0,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -921,19 +929,72 @@ def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
                    triton.next_power_of_2(per), min(t["stages"], per), t["maxnreg"])
 
 
-def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False):
+def merge_plan(m: int, n: int, k: int, head_dim: int, sms: int, cfg: dict,
+               tma: bool = True) -> MmaPlan | None:
+    """The Gluon GEMV's plan where it merges the decode attention's splits as it stages
+    its one row (`w4a16_attention_linear`): cfg['merge_stage'] on, one row of 128-wide
+    heads (a K tile is one head), and a register-kernel plan (`mma_plan`; not the TMA
+    or ring kernels), its split's row staged; else None."""
+    if not cfg["merge_stage"] or m != 1 or head_dim != 128:
+        return None
+    plan = mma_plan(m, n, k, sms, cfg, tma)
+    tiles_k = plan.per // 128
+    if plan.ring or plan.stages or tiles_k > cfg["gemv_mma_xsmem_max_tiles"]:
+        return None
+    return plan._replace(xs_tiles=triton.next_power_of_2(tiles_k))
+
+
+def takes_attention(m: int, head_dim: int, qweight: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor | None, group_size: int, dtype: torch.dtype) -> bool:
+    """Whether `w4a16_attention_linear` would merge the decode attention's splits in the
+    GEMV for `m` rows of `dtype` activations (so the attention should leave them)."""
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    cfg = W4_CONFIG
+    return (bool(cfg["merge_stage"]) and qweight.is_cuda and gluon_w4.AVAILABLE
+            and gluon_w4.fits(m, n, k, group_size, cfg["gemv_mma_block_n"], dtype)
+            and gluon_common.hopper(qweight.device.index) and scales.data_ptr() % 16 == 0
+            and merge_plan(m, n, k, head_dim, sm_count(qweight.device), cfg,
+                           gluon_w4_tma.aligned(qweight, scales, zeros)) is not None)
+
+
+def w4a16_attention_linear(parts: "triton_attention.DecodeParts | torch.Tensor",
+                           qweight: torch.Tensor, scales: torch.Tensor,
+                           zeros: torch.Tensor | None, group_size: int,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`w4a16_linear` of the decode attention's output `[rows, heads, head_dim]` (the o
+    projection), given as a tensor or as its deferred splits (`DecodeParts`): where
+    `merge_plan` holds, the one-row GEMV merges the splits as it stages its row (the
+    merge pass and its trip through global memory left out); else the merge pass, then
+    the GEMV."""
+    x = parts.out if isinstance(parts, triton_attention.DecodeParts) else parts
+    x = x.reshape(x.shape[0], -1)
+    if isinstance(parts, triton_attention.DecodeParts):
+        m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
+        if (_gluon_ok(x, n, k, group_size, scales) and merge_plan(
+                m, n, k, parts.out.shape[2], sm_count(x.device), W4_CONFIG,
+                gluon_w4_tma.aligned(qweight, scales, zeros)) is not None):
+            return _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, parts=parts)
+        x = triton_attention.merge_decode_parts(parts).reshape(x.shape)
+    return w4a16_linear(x, qweight, scales, zeros, group_size, bias)
+
+
+def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
+                 parts: "triton_attention.DecodeParts | None" = None):
     """The Gluon GEMV's launch as `mma_plan` decides: the TMA kernel (one row, tensors
     TMA can read: its descriptors stand for the weight pointers), the ring kernel or the
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
-    `w4a16_silu_linear` checked)."""
+    `w4a16_silu_linear` checked). `parts`: x is the decode attention's unmerged output
+    and the register kernel merges it as it stages the row (`merge_plan`;
+    `w4a16_attention_linear` checked)."""
     m = x.shape[0]
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
-    plan = mma_plan(m, n, k, sm_count(x.device), cfg,
-                    gluon_w4_tma.aligned(qweight, scales, zeros))
+    tma = gluon_w4_tma.aligned(qweight, scales, zeros)
+    plan = (mma_plan(m, n, k, sm_count(x.device), cfg, tma) if parts is None else
+            merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma))
     splits, per = plan.splits, plan.per
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
@@ -952,9 +1013,14 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False)
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)
     else:
+        merge = {}
+        if parts is not None:
+            merge = dict(ml_ptr=parts.ml, acc_ptr=parts.acc, used_ptr=parts.used,
+                         ml_splits=parts.plan.splits, MERGE=cfg["merge_stage"],
+                         MERGE_SPLITS_PAD=triton.next_power_of_2(parts.plan.splits))
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **merge, **common)
     return o.result(splits, bias, x.dtype)
 
 

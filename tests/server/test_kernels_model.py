@@ -89,3 +89,48 @@ def test_quantized_model_on_triton_ops_matches_torch_ops(tmp_path):
             llm.engine.runner.set_ops(ops)
             outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert outs["triton"] == outs["torch"], fmt
+
+
+@pytest.mark.usefixtures("quant_tiles", "attention_tiles")
+def test_o_projection_merging_the_attention_splits_keeps_the_tokens(tmp_path):
+    """The decode attention leaving its splits unmerged for the 4-bit o projection
+    (`Ops.w4a16_takes_attention` true: what the one-row Gluon GEMV does on sm_90 with
+    W4_CONFIG["merge_stage"]; here the projection merges them by the merge pass, the
+    fallback that path takes wherever the GEMV cannot) gives the same greedy tokens and
+    logprobs as the attention merging them itself, for AWQ and act-order GPTQ (which gathers the
+    merged output's columns), and the splits did reach the projection unmerged."""
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.ops import triton_attention, triton_quant
+    from pagefleet.server.ops.triton_ops import TritonOps
+    from pagefleet.server.testing import build_tiny_model
+    from pagefleet.server.testing_quant import quantize_checkpoint
+    from tests.server.helpers import random_prompts
+
+    seen: list[bool] = []
+
+    def attention_linear(parts, *args, **kw):
+        seen.append(isinstance(parts, triton_attention.DecodeParts))
+        return triton_quant.w4a16_attention_linear(parts, *args, **kw)
+
+    class MergingOps(TritonOps):
+        w4a16_takes_attention = staticmethod(lambda *a: True)
+        w4a16_attention_linear = staticmethod(attention_linear)
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", hidden_size=64, num_layers=1,
+                           num_heads=2, num_kv_heads=1, vocab_size=300)
+    prompts = random_prompts(6, [40, 30], 290)   # several 16-token splits a row
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
+    for fmt, kw in (("awq", dict(group_size=32)), ("gptq", dict(group_size=32, desc_act=True))):
+        q = quantize_checkpoint(src, tmp_path / fmt, fmt, **kw)
+        outs = {}
+        for name, ops in (("triton", TritonOps), ("merging", MergingOps)):
+            seen.clear()
+            llm = LLM(q, max_model_len=128, max_num_seqs=2, enforce_eager=True)
+            llm.engine.runner.set_ops(ops)
+            # the same kernels in both: the same tokens and the same logprobs, bit for bit
+            outs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                          for o in llm.generate(prompts, params)]
+            llm.engine.kv.check_whole()
+        assert outs["merging"] == outs["triton"], fmt
+        if fmt == "awq":   # act-order merges before its column gather, by the method
+            assert any(seen), "no decode step handed its splits to the o projection"
