@@ -217,23 +217,25 @@ def _merge_cases(tq, shipped: dict, rows: list) -> int:
     """The o projection merging the decode attention's splits as it stages its row
     (`w4a16_attention_linear`, W4_CONFIG["merge_stage"] at 4, 8 and 16 splits a step)
     against the attention's merge pass then the GEMV, Qwen2.5-7B's attention and o
-    shapes at one row: contexts of 1 to 8,192 tokens in a block table 8,192 wide (the
-    splits the grid has and those a row uses differ), fp16 and bf16, zero points or
-    none. Not the same bits (the splits are summed in another order): the relative
-    error against the two kernels must stay under 2e-3, the GEMV must have merged
-    (`merge_plan`), and a graph of the pair replayed must equal it run eagerly."""
+    shapes at one row: contexts of 1 to 2,048 tokens in a block table 2,048 wide (32
+    splits in the grid, fewer used by the shorter rows) and 8,192 tokens in one 8,192
+    wide (128 splits: above merge_max_splits, the merge pass serves), fp16 and bf16, zero
+    points or none. Not the same bits (the splits are summed in another order): the
+    relative error against the two kernels must stay under 2e-3, the GEMV must have
+    merged where `merge_plan` says so, and a graph of the pair replayed must equal it
+    run eagerly."""
     import torch
 
     from pagefleet.server.ops import triton_attention as ta
     cfg = tq.W4_CONFIG
-    heads, kv_heads, hd, bs, width = 28, 4, 128, 16, 8192
+    heads, kv_heads, hd, bs = 28, 4, 128, 16
     n = k = heads * hd
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    blocks = width // bs + 1
     failures = served = 0
-    for dtype, zero, ctx, chunk in itertools.product(
-            (torch.float16, torch.bfloat16), (True, False), (1, 63, 1026, 3000, 8192),
-            (4, 8, 16)):
+    for dtype, zero, (width, ctx), chunk in itertools.product(
+            (torch.float16, torch.bfloat16), (True, False),
+            ((2048, 1), (2048, 63), (2048, 1026), (2048, 2048), (8192, 8192)), (4, 8, 16)):
+        blocks = width // bs + 1
         cfg.clear()
         cfg.update({**shipped, "merge_stage": chunk})
         kc = torch.randn(blocks, bs, kv_heads, hd, device="cuda", dtype=dtype)
@@ -257,12 +259,14 @@ def _merge_cases(tq, shipped: dict, rows: list) -> int:
             replayed = fused()
         g.replay()
         torch.cuda.synchronize()
-        merges = tq.merge_plan(1, n, k, hd, sms, cfg) is not None
+        splits = ta.decode_plan(1, kv_heads, width, q.device).splits
+        merges = tq.merge_plan(1, n, k, hd, sms, cfg, True, splits) is not None
         served += merges
         err = ((got.float() - two.float()).abs().max() / two.float().abs().max()).item()
         ok = err == err and err <= 2e-3 and bool(torch.equal(replayed, got))
         failures += not ok
-        rows.append({"merge": chunk, "ctx": ctx, "dtype": str(dtype), "zeros": zero,
+        rows.append({"merge": chunk, "width": width, "ctx": ctx, "splits": splits,
+                     "dtype": str(dtype), "zeros": zero,
                      "merged_in_gemv": merges, "rel_err": err,
                      "graph_equal": bool(torch.equal(replayed, got)), "ok": ok})
         if not ok:

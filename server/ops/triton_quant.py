@@ -242,7 +242,11 @@ W4_CONFIG = {
     # its trip through global memory) and leaving it out saved 65 (BENCHMARKS.md,
     # 2026-12-04, seventeenth session). Built in the nineteenth session without a GPU:
     # compiled for sm_90, not yet measured or checked on one, so off.
-    "merge_stage": 0,
+    # Every output tile's programs merge their heads' splits again (o at B=1: 56 tiles,
+    # ~14 MB of L2 reads a layer at 17 splits), so the cost grows with the splits: where
+    # the attention's grid has more than merge_max_splits (a block table wider than
+    # 64 x that many tokens) the merge pass runs instead.
+    "merge_stage": 0, "merge_max_splits": 32,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -930,12 +934,14 @@ def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
 
 
 def merge_plan(m: int, n: int, k: int, head_dim: int, sms: int, cfg: dict,
-               tma: bool = True) -> MmaPlan | None:
+               tma: bool = True, splits: int = 1) -> MmaPlan | None:
     """The Gluon GEMV's plan where it merges the decode attention's splits as it stages
     its one row (`w4a16_attention_linear`): cfg['merge_stage'] on, one row of 128-wide
-    heads (a K tile is one head), and a register-kernel plan (`mma_plan`; not the TMA
-    or ring kernels), its split's row staged; else None."""
-    if not cfg["merge_stage"] or m != 1 or head_dim != 128:
+    heads (a K tile is one head), an attention grid of at most cfg['merge_max_splits']
+    `splits`, and a register-kernel plan (`mma_plan`; not the TMA or ring kernels), its
+    split's row staged; else None."""
+    if (not cfg["merge_stage"] or m != 1 or head_dim != 128
+            or splits > cfg["merge_max_splits"]):
         return None
     plan = mma_plan(m, n, k, sms, cfg, tma)
     tiles_k = plan.per // 128
@@ -972,7 +978,7 @@ def w4a16_attention_linear(parts: "triton_attention.DecodeParts | torch.Tensor",
         m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
         if (_gluon_ok(x, n, k, group_size, scales) and merge_plan(
                 m, n, k, parts.out.shape[2], sm_count(x.device), W4_CONFIG,
-                gluon_w4_tma.aligned(qweight, scales, zeros)) is not None):
+                gluon_w4_tma.aligned(qweight, scales, zeros), parts.plan.splits) is not None):
             return _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, parts=parts)
         x = triton_attention.merge_decode_parts(parts).reshape(x.shape)
     return w4a16_linear(x, qweight, scales, zeros, group_size, bias)
@@ -994,7 +1000,8 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     tiles = n // bn
     tma = gluon_w4_tma.aligned(qweight, scales, zeros)
     plan = (mma_plan(m, n, k, sm_count(x.device), cfg, tma) if parts is None else
-            merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma))
+            merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma,
+                       parts.plan.splits))
     splits, per = plan.splits, plan.per
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
