@@ -313,7 +313,8 @@ if IMPORTED:
         into shared memory, waited for by every thread: `_merge_splits`'s arithmetic
         (the used splits' max, exp2 weights, the weighted accumulators over the weighted
         sums, rounded to the row's dtype), CHUNK splits of every tile at a time (16-byte
-        loads). Tiles past k_end get zeros (never read)."""
+        loads), the first chunk requested with the (max, sum) pairs. Tiles past k_end
+        get zeros (never read)."""
         # (max, sum) of [tiles, splits]: the splits across the threads
         ML: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
         # [tiles, CHUNK, 128] accumulators: a warp reads a split's 128 floats of a tile as
@@ -321,38 +322,59 @@ if IMPORTED:
         AC: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, WARPS, 1], [2, 1, 0])
         W2: gl.constexpr = gl.SliceLayout(2, AC)       # [tiles, CHUNK]
         O2: gl.constexpr = gl.SliceLayout(1, AC)       # [tiles, 128]
-        used = gl.load(used_ptr, cache_modifier=".cg")
         head0 = k_start // BK
-        t1 = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, ML))
-        s1 = gl.arange(0, SPLITS_PAD, layout=gl.SliceLayout(0, ML))
-        r1 = ((head0 + t1).to(gl.int64) * ml_splits)[:, None] + s1[None, :]
-        ok1 = ((k_start + t1 * BK) < k_end)[:, None] & (s1 < used)[None, :]
-        m = gl.load(ml_ptr + r1 * 2, mask=ok1, other=float("-inf"), cache_modifier=".cg")
-        l = gl.load(ml_ptr + r1 * 2 + 1, mask=ok1, other=0.0, cache_modifier=".cg")
-        m_max = gl.max(m, 1)
-        m_max = gl.where(m_max == float("-inf"), 0.0, m_max)
-        w = gl.where(ok1, gl.exp2(m - m_max[:, None]), 0.0)
-        denom = gl.sum(w * l, 1)
-        denom = gl.where(denom == 0.0, 1.0, denom)
-        mx = gl.convert_layout(m_max, gl.SliceLayout(1, W2))
         t2 = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, W2))
         c2 = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, W2))
         d3 = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, AC)))[None, None, :]
         r2 = (head0 + t2).to(gl.int64) * ml_splits
         live2 = (k_start + t2 * BK) < k_end
-        o = gl.zeros([XS_TILES, BK], gl.float32, layout=O2)
-        for c0 in range(0, used, CHUNK):
-            s2 = c0 + c2
-            r = r2[:, None] + s2[None, :]
-            ok = live2[:, None] & (s2 < used)[None, :]
-            mc = gl.load(ml_ptr + r * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            wc = gl.where(ok, gl.exp2(mc - mx[:, None]), 0.0)
-            a = gl.load(acc_ptr + r[:, :, None] * BK + d3, mask=ok[:, :, None] & (d3 >= 0),
-                        other=0.0, cache_modifier=".cg")
-            o += gl.sum(a * wc[:, :, None], 1)
+        # One trip to L2 for the used count, every split's (max, sum) and the first
+        # chunk's accumulators: none waits for another (splits past `used`, inside the
+        # grid's, are read and masked out after).
+        used = gl.load(used_ptr, cache_modifier=".cg")
+        s0, mc0, a0 = _merge_chunk(ml_ptr, acc_ptr, r2, live2, 0, c2, d3, ml_splits, CHUNK)
+        t1 = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, ML))
+        s1 = gl.arange(0, SPLITS_PAD, layout=gl.SliceLayout(0, ML))
+        r1 = ((head0 + t1).to(gl.int64) * ml_splits)[:, None] + s1[None, :]
+        in1 = ((k_start + t1 * BK) < k_end)[:, None] & (s1 < ml_splits)[None, :]
+        m = gl.load(ml_ptr + r1 * 2, mask=in1, other=float("-inf"), cache_modifier=".cg")
+        l = gl.load(ml_ptr + r1 * 2 + 1, mask=in1, other=0.0, cache_modifier=".cg")
+        ok1 = in1 & (s1 < used)[None, :]
+        m = gl.where(ok1, m, float("-inf"))
+        m_max = gl.max(m, 1)
+        m_max = gl.where(m_max == float("-inf"), 0.0, m_max)
+        w = gl.where(ok1, gl.exp2(m - m_max[:, None]), 0.0)
+        denom = gl.sum(w * gl.where(ok1, l, 0.0), 1)
+        denom = gl.where(denom == 0.0, 1.0, denom)
+        mx = gl.convert_layout(m_max, gl.SliceLayout(1, W2))
+        o = _merge_term(s0, mc0, a0, mx, live2, used)
+        for c0 in range(CHUNK, used, CHUNK):
+            s2, mc, a = _merge_chunk(ml_ptr, acc_ptr, r2, live2, c0, c2, d3, ml_splits, CHUNK)
+            o += _merge_term(s2, mc, a, mx, live2, used)
         o = o / gl.convert_layout(denom, gl.SliceLayout(1, O2))[:, None]
         xs2.store(o.to(xs2.dtype))
         _barrier()
+
+    @gluon.jit
+    def _merge_chunk(ml_ptr, acc_ptr, r2, live2, c0, c2, d3, ml_splits, CHUNK: gl.constexpr):
+        """Splits c0 .. c0 + CHUNK - 1 of every tile's head (those in the grid): their
+        maxima `[tiles, CHUNK]` and accumulators `[tiles, CHUNK, 128]`."""
+        s2 = c0 + c2
+        r = r2[:, None] + s2[None, :]
+        inb = live2[:, None] & (s2 < ml_splits)[None, :]
+        mc = gl.load(ml_ptr + r * 2, mask=inb, other=float("-inf"), cache_modifier=".cg")
+        a = gl.load(acc_ptr + r[:, :, None] * BK + d3, mask=inb[:, :, None] & (d3 >= 0),
+                    other=0.0, cache_modifier=".cg")
+        return s2, mc, a
+
+    @gluon.jit
+    def _merge_term(s2, mc, a, mx, live2, used):
+        """A chunk's accumulators weighted by exp2(max - the head's max), summed over its
+        splits (those past `used` hold anything: zeroed, weight and value)."""
+        ok = live2[:, None] & (s2 < used)[None, :]
+        wc = gl.where(ok, gl.exp2(mc - mx[:, None]), 0.0)
+        a = gl.where(ok[:, :, None], a, 0.0)
+        return gl.sum(a * wc[:, :, None], 1)
 
     @gluon.jit
     def _silu_mul(gate, up):

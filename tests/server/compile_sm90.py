@@ -447,7 +447,8 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     the ring's copies and the staged row's are cp.async (and nothing else's; the SiLU
     row's are loads, with the SiLU's exponential),
     and ptxas spills nothing and stays at or under 96 registers (occupancy: each thread's
-    words are its bytes in flight)."""
+    words are its bytes in flight; the merging o GEMV under what keeps the plan's
+    programs an SM resident)."""
     import re
 
     name = "w4 GEMVs, Gluon: MMA operands built in registers, few registers, no spills"
@@ -503,7 +504,10 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
                          bool(copies) == (kind in ("ring", "one row"))
                          and bool(exps) == (kind in ("one row silu", "one row merged")))
-    if any(r < 0 or r > 96 or sp or not mma or not cp for r, sp, mma, cp in got.values()):
+    # the merging o GEMV must keep the register kernel's programs an SM (its plan's aim)
+    merged_cap = 65536 // (warps * 32 * w4["gemv_mma_programs_per_sm"])
+    if any(r < 0 or r > 96 or sp or not mma or not cp or (k == "one row merged" and r > merged_cap)
+           for (k, _), (r, sp, mma, cp) in got.items()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
         return False
