@@ -275,11 +275,19 @@ def main() -> None:
         times: dict[int, list[float]] = {i: [] for i in range(len(variants))}
         tokens: dict[int, list[int]] = {}
         same_bits: dict[int, bool] = {}
+        failed: dict[int, str] = {}   # a variant that raised is left out after (its error)
         ref = None
         for rnd in range(args.rounds):
             for i, var in enumerate(variants):
+                if i in failed:
+                    continue
                 _apply(var, shipped)
-                ms, tok, hidden = _time_variant(runner, batch, ctx)
+                try:
+                    ms, tok, hidden = _time_variant(runner, batch, ctx)
+                except Exception as e:  # noqa: BLE001 - one variant's failure ends only it
+                    failed[i] = repr(e)[:300]
+                    log(f"B={batch} round {rnd} {json.dumps(var) or 'shipped'}: FAILED {failed[i]}")
+                    continue
                 times[i].append(ms)
                 tokens.setdefault(i, tok)
                 ref = hidden if ref is None else ref
@@ -288,6 +296,8 @@ def main() -> None:
         traces = {}
         if args.trace:
             for i, var in enumerate(variants):
+                if i in failed:
+                    continue
                 _apply(var, shipped)
                 try:
                     traces[i] = _trace(runner, batch, ctx)
@@ -296,9 +306,14 @@ def main() -> None:
                 log(f"B={batch} {json.dumps(var) or 'shipped'} trace {json.dumps(traces[i])}")
         _apply({}, shipped)
         for i, var in enumerate(variants):
+            if i in failed:
+                rows.append({"batch": batch, "variant": var or "shipped", "error": failed[i],
+                             "median_ms": float("nan"), "rounds_ms": times[i],
+                             "same_tokens": False, "same_bits": False, "trace": None})
+                continue
             rows.append({"batch": batch, "variant": var or "shipped",
                          "median_ms": statistics.median(times[i]), "rounds_ms": times[i],
-                         "same_tokens": tokens[i] == tokens[0], "same_bits": same_bits[i],
+                         "same_tokens": tokens[i] == tokens.get(0), "same_bits": same_bits[i],
                          "trace": traces.get(i)})
         for r in ids:
             llm.engine.abort_request(r)
@@ -306,7 +321,8 @@ def main() -> None:
     for r in rows:
         print(f"B={r['batch']:<3} {json.dumps(r['variant'])[:80]:80s} {r['median_ms']:.4f} ms  "
               f"rounds {' '.join(f'{x:.4f}' for x in r['rounds_ms'])}  "
-              f"same tokens {r['same_tokens']} same bits {r['same_bits']}")
+              f"same tokens {r['same_tokens']} same bits {r['same_bits']}"
+              + (f"  FAILED {r['error']}" if "error" in r else ""))
         if r["trace"]:
             print("      " + "  ".join(f"{k} {v['us']:.0f}us/{v['kernels']}"
                                        for k, v in r["trace"]["roles"].items())
