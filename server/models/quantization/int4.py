@@ -53,7 +53,7 @@ class Int4Method(LinearMethod):
             rows, head_dim, layer.qweight, layer.scales, layer.zeros, layer.group_size, dtype)
 
     def apply_attention(self, layer, parts, bias):
-        if layer.perm is not None:   # act-order: the merged output's columns gathered
+        if layer.perm is not None:   # act-order (never given the splits): gather after
             return super().apply_attention(layer, parts, bias)
         return layer.ops.w4a16_attention_linear(parts, layer.qweight, layer.scales,
                                                 layer.zeros, layer.group_size, bias)
