@@ -71,11 +71,10 @@ class Ops:
     merge_attention = staticmethod(attention.merged)
 
     @staticmethod
-    def w4a16_takes_attention(m: int, head_dim: int, qweight: torch.Tensor,
-                              scales: torch.Tensor, zeros: torch.Tensor | None,
-                              group_size: int, dtype: torch.dtype) -> bool:
-        """Whether `w4a16_attention_linear` merges the decode attention's splits itself for
-        `m` rows (TritonOps: the one-row Gluon GEMV, where configured)."""
+    def w4a16_takes_attention(q: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                              zeros: torch.Tensor | None, group_size: int) -> bool:
+        """Whether `w4a16_attention_linear` merges the splits of q's decode attention
+        itself (TritonOps: the one-row Gluon GEMV, where configured)."""
         return False
 
     @classmethod
@@ -195,7 +194,7 @@ class Attention(nn.Module):
         if d == n and out is None:
             # the o projection may merge the attention's splits itself (`finish`)
             decode = (self.ops.decode_attention_parts
-                      if self.o_proj.takes_attention_parts(n, self.head_dim, q.dtype)
+                      if self.o_proj.takes_attention_parts(q)
                       else self.ops.decode_attention)
             return decode(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
                           self.scale, meta.k_scale, meta.v_scale)

@@ -128,11 +128,10 @@ class LinearMethod:
         a method whose kernel can take the activation in its input load overrides it."""
         return self.apply(layer, layer.ops.silu_and_mul(x), bias)
 
-    def takes_attention_parts(self, layer: "LinearBase", rows: int, head_dim: int,
-                              dtype: torch.dtype) -> bool:
-        """Whether `apply_attention` merges the decode attention's unmerged splits itself
-        for `rows` rows (so the attention should leave them); a method whose kernel can
-        overrides it."""
+    def takes_attention_parts(self, layer: "LinearBase", q: torch.Tensor) -> bool:
+        """Whether `apply_attention` merges the unmerged splits of the decode attention of
+        q `[rows, heads, head_dim]` itself (so the attention should leave them); a method
+        whose kernel can overrides it."""
         return False
 
     def apply_attention(self, layer: "LinearBase", parts,
@@ -266,9 +265,9 @@ class LinearBase(nn.Module):
         """forward(silu(gate) * up) for x = `[gate | up]`."""
         return self.method.apply_silu_mul(self, x, self.bias)
 
-    def takes_attention_parts(self, rows: int, head_dim: int, dtype: torch.dtype) -> bool:
-        """Whether `forward_attention` merges the decode attention's splits itself."""
-        return self.method.takes_attention_parts(self, rows, head_dim, dtype)
+    def takes_attention_parts(self, q: torch.Tensor) -> bool:
+        """Whether `forward_attention` merges the splits of q's decode attention itself."""
+        return self.method.takes_attention_parts(self, q)
 
     def forward_attention(self, parts) -> torch.Tensor:
         """forward() of the decode attention's output, or of its unmerged splits."""

@@ -149,6 +149,11 @@ def _is_fp8(dtype: torch.dtype) -> bool:
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def _block_d(head_dim: int) -> int:
+    """The decode kernel's head-dim tile (its split accumulators' row length)."""
+    return max(16, _pow2(head_dim))
+
+
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
@@ -444,7 +449,7 @@ class DecodeParts(NamedTuple):
     `merge_decode_parts` for any other. Per row b and head h, split s of the grid's
     `splits`: (max, sum) at `ml[2 r]`, `ml[2 r + 1]` and the float32 accumulator at
     `acc[r * block_d:]`, r = (b * heads + h) * splits + s, for the row's first `used[b]`
-    splits (the rest unwritten)."""
+    splits (the rest unwritten); block_d = `_block_d(head_dim)`."""
 
     ml: torch.Tensor
     acc: torch.Tensor
@@ -452,8 +457,6 @@ class DecodeParts(NamedTuple):
     out: torch.Tensor           # `[batch, heads, head_dim]`, what the merge writes
     context_lens: torch.Tensor
     plan: DecodePlan
-    block_d: int
-    early: bool                 # the merge may read the context lengths before its PDL wait
 
 
 def merge_decode_parts(parts: "DecodeParts | torch.Tensor") -> torch.Tensor:
@@ -466,9 +469,9 @@ def merge_decode_parts(parts: "DecodeParts | torch.Tensor") -> torch.Tensor:
     _decode_reduce_kernel[(batch, num_heads)](
         parts.ml, parts.acc, parts.context_lens, out, plan.want, plan.min_part,
         plan.max_part, plan.splits, out.stride(0), out.stride(1), NUM_HEADS=num_heads,
-        D=head_dim, BLOCK_D=parts.block_d, BLOCK_N=DECODE_CONFIG["block_n"],
-        SPLITS_PAD=_pow2(plan.splits), KV_EARLY=parts.early, num_warps=4,
-        **launch_opts("merge"))
+        D=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_N=DECODE_CONFIG["block_n"],
+        SPLITS_PAD=_pow2(plan.splits), KV_EARLY=bool(DECODE_CONFIG["kv_early"]),
+        num_warps=4, **launch_opts("merge"))
     return out
 
 
@@ -491,7 +494,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     cfg = DECODE_CONFIG
     block_n = cfg["block_n"]
-    block_d = max(16, _pow2(head_dim))
+    block_d = _block_d(head_dim)
     plan = decode_plan(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     splits = plan.splits
     direct = splits == 1
@@ -524,7 +527,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         **launch_opts("attention"))
     if direct or fused:
         return out
-    parts = DecodeParts(ml, acc, used, out, context_lens, plan, block_d, early)
+    parts = DecodeParts(ml, acc, used, out, context_lens, plan)
     return parts if defer else merge_decode_parts(parts)
 
 
@@ -755,7 +758,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         float(scale) * _LOG2E, float(k_scale), float(v_scale), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=num_heads // num_kv_heads, D=head_dim, BLOCK_D=max(16, _pow2(head_dim)),
+        GROUP=num_heads // num_kv_heads, D=head_dim, BLOCK_D=_block_d(head_dim),
         BS=block_size, BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"], BLOCK_B=max(_pow2(num_seqs), PREFILL_SEQ_BLOCK), FP8=_is_fp8(k_cache.dtype), F32=_INTERPRET,
         LONGEST_FIRST=bool(cfg["longest_first"]), PAGE_AHEAD=bool(cfg["page_ahead"]),

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagefleet.server.ops import gluon_common, gluon_w4, gluon_w4_tma
+from pagefleet.server.ops import gluon_w4, gluon_w4_tma
 from pagefleet.server.ops import quant as twin
 from pagefleet.server.ops import triton_activation, triton_attention
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
@@ -950,16 +950,17 @@ def merge_plan(m: int, n: int, k: int, head_dim: int, sms: int, cfg: dict,
     return plan._replace(xs_tiles=triton.next_power_of_2(tiles_k))
 
 
-def takes_attention(m: int, head_dim: int, qweight: torch.Tensor, scales: torch.Tensor,
-                    zeros: torch.Tensor | None, group_size: int, dtype: torch.dtype) -> bool:
-    """Whether `w4a16_attention_linear` would merge the decode attention's splits in the
-    GEMV for `m` rows of `dtype` activations (so the attention should leave them)."""
-    k, n = qweight.shape[0] * 8, qweight.shape[1]
-    cfg = W4_CONFIG
-    return (bool(cfg["merge_stage"]) and qweight.is_cuda and gluon_w4.AVAILABLE
-            and gluon_w4.fits(m, n, k, group_size, cfg["gemv_mma_block_n"], dtype)
-            and gluon_common.hopper(qweight.device.index) and scales.data_ptr() % 16 == 0
-            and merge_plan(m, n, k, head_dim, sm_count(qweight.device), cfg,
+def takes_attention(q: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor | None, group_size: int) -> bool:
+    """Whether `w4a16_attention_linear` would merge the splits of the decode attention of
+    q `[rows, heads, head_dim]` in the GEMV (so the attention should leave them): the
+    projection's input is q's shape, dtype and device."""
+    if not W4_CONFIG["merge_stage"]:
+        return False
+    x = q.reshape(q.shape[0], -1)
+    m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
+    return (_gluon_ok(x, n, k, group_size, scales)
+            and merge_plan(m, n, k, q.shape[2], sm_count(x.device), W4_CONFIG,
                            gluon_w4_tma.aligned(qweight, scales, zeros)) is not None)
 
 

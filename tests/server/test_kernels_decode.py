@@ -108,7 +108,8 @@ def _merge_as_consumer(parts) -> torch.Tensor:
     row's first `used` splits merged from (max, sum, accumulator), zeros for a row
     without keys. It reads nothing else, so it fails if `used` or the layout is wrong."""
     batch, heads, d = parts.out.shape
-    splits, block_d = parts.plan.splits, parts.block_d
+    splits = parts.plan.splits
+    block_d = parts.acc.numel() // (batch * heads * splits)
     ml = parts.ml.view(batch, heads, splits, 2).cpu()
     acc = parts.acc.view(batch, heads, splits, block_d)[..., :d].cpu()
     out = torch.zeros(batch, heads, d)

@@ -48,9 +48,9 @@ class Int4Method(LinearMethod):
         return layer.ops.w4a16_silu_linear(x, layer.qweight, layer.scales, layer.zeros,
                                            layer.group_size, bias)
 
-    def takes_attention_parts(self, layer, rows, head_dim, dtype):
+    def takes_attention_parts(self, layer, q):
         return layer.perm is None and layer.ops.w4a16_takes_attention(
-            rows, head_dim, layer.qweight, layer.scales, layer.zeros, layer.group_size, dtype)
+            q, layer.qweight, layer.scales, layer.zeros, layer.group_size)
 
     def apply_attention(self, layer, parts, bias):
         if layer.perm is not None:   # act-order (never given the splits): gather after
