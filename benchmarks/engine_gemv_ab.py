@@ -29,7 +29,9 @@ variant's greedy next tokens at batch B from the same decode state (a variant th
 moves loads gives the same; one that sums in another order may flip a near-tie of the
 random-weight model), and for `same_bits`: the forward's output equal bit for bit in
 every round, replayed with this step's new keys and values poisoned first
-(`_poison_new_slots`), so a kernel that reads them too early shows."""
+(`_poison_new_slots`), so a kernel that reads them too early shows; and
+`output_off_reference`, how far (max |difference| over max |reference|) a variant that
+sums in another order moved that output."""
 
 from __future__ import annotations
 
@@ -275,6 +277,7 @@ def main() -> None:
         times: dict[int, list[float]] = {i: [] for i in range(len(variants))}
         tokens: dict[int, list[int]] = {}
         same_bits: dict[int, bool] = {}
+        off: dict[int, float] = {}    # max |output - reference| / max |reference|
         failed: dict[int, str] = {}   # a variant that raised is left out after (its error)
         ref = None
         for rnd in range(args.rounds):
@@ -292,6 +295,8 @@ def main() -> None:
                 tokens.setdefault(i, tok)
                 ref = hidden if ref is None else ref
                 same_bits[i] = same_bits.get(i, True) and bool(torch.equal(hidden, ref))
+                off[i] = max(off.get(i, 0.0), ((hidden.float() - ref.float()).abs().max()
+                                               / ref.float().abs().max()).item())
                 log(f"B={batch} round {rnd} {json.dumps(var) or 'shipped'}: {ms:.4f} ms")
         traces = {}
         if args.trace:
@@ -314,6 +319,7 @@ def main() -> None:
             rows.append({"batch": batch, "variant": var or "shipped",
                          "median_ms": statistics.median(times[i]), "rounds_ms": times[i],
                          "same_tokens": tokens[i] == tokens.get(0), "same_bits": same_bits[i],
+                         "output_off_reference": off[i],
                          "trace": traces.get(i)})
         for r in ids:
             llm.engine.abort_request(r)
@@ -322,6 +328,7 @@ def main() -> None:
         print(f"B={r['batch']:<3} {json.dumps(r['variant'])[:80]:80s} {r['median_ms']:.4f} ms  "
               f"rounds {' '.join(f'{x:.4f}' for x in r['rounds_ms'])}  "
               f"same tokens {r['same_tokens']} same bits {r['same_bits']}"
+              + (f" off {r['output_off_reference']:.1e}" if "output_off_reference" in r else "")
               + (f"  FAILED {r['error']}" if "error" in r else ""))
         if r["trace"]:
             print("      " + "  ".join(f"{k} {v['us']:.0f}us/{v['kernels']}"

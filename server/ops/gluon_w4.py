@@ -164,9 +164,54 @@ def _pair_asm_fma() -> str:
     return " ".join(body)
 
 
+# The folded fp16 decodes (`_pair_asm_fold`): each nibble comes out as its K row's bias
+# plus q, the bias by the row's parity: (even rows, odd rows).
+FOLD_BIASES = {1: (1024.0, 64.0), 2: (64.0, 64.0)}
+
+
+def _pair_asm_fold(fold: int) -> str:
+    """fp16 only: one word -> its 8 nibbles as `bias + q` (no zero point, no
+    subtraction): the mask places each nibble in the mantissa of 1024 (bits 0-3) or 64
+    (bits 4-7), where a mantissa step is 1. The bias and zero point come off after the
+    MMA, once a tile for every row (`gluon_w4_tma`'s FOLD): that is what takes the
+    decode's four packed subtractions / FMAs a word away. fold 1: 5 instructions a word,
+    bias 1024 on the even nibbles (K rows), 64 on the odd; fold 2: 7 (two more shifts),
+    bias 64 on all, so the MMA's float32 sums carry a 16x smaller bias (error ~10x
+    smaller; both well below the rounding of weights dequantized to fp16, which is what
+    HF and vLLM multiply: BENCHMARKS.md, twentieth session).
+
+    Operands: `$0..$3` the packed pairs (nibble p, nibble p + 4) for p = 0..3, written
+    whole (32-bit outputs: no 16-bit halves for ptxas to pack again), `$4` the word
+    (`$5`, the same word, unused: the call is made with pack=2 on the word joined with
+    itself, so that each output register holds one pair)."""
+    lo, hi = "0x64006400", "0x54005400"   # 1024.0 and 64.0, twice
+    if fold == 1:
+        srcs = [("$4", "0x000F000F", lo), ("$4", "0x00F000F0", hi),
+                ("u", "0x000F000F", lo), ("u", "0x00F000F0", hi)]
+        shifts = {2: "shr.u32 u, $4, 8;"}
+    elif fold == 2:
+        srcs = [("u", "0x00F000F0", hi), ("$4", "0x00F000F0", hi),
+                ("u", "0x00F000F0", hi), ("u", "0x00F000F0", hi)]
+        shifts = {0: "shl.b32 u, $4, 4;", 2: "shr.u32 u, $4, 4;", 3: "shr.u32 u, $4, 8;"}
+    else:
+        raise ValueError(f"fold must be 1 or 2, not {fold}")
+    body = ["{ .reg .b32 u;"]
+    for p, (src, mask, magic) in enumerate(srcs):
+        if p in shifts:
+            body.append(shifts[p])
+        body.append(f"lop3.b32 ${p}, {src}, {mask}, {magic}, 0xEA;")
+    body.append("}")
+    return " ".join(body)
+
+
 ASM_F16 = triton.language.constexpr(_pair_asm(True))
 ASM_BF16 = triton.language.constexpr(_pair_asm(False))
 ASM_FMA_F16 = triton.language.constexpr(_pair_asm_fma())
+ASM_FOLD1_F16 = triton.language.constexpr(_pair_asm_fold(1))
+ASM_FOLD2_F16 = triton.language.constexpr(_pair_asm_fold(2))
+FOLD1_EVEN = triton.language.constexpr(FOLD_BIASES[1][0])
+FOLD1_ODD = triton.language.constexpr(FOLD_BIASES[1][1])
+FOLD2_BIAS = triton.language.constexpr(FOLD_BIASES[2][0])
 
 
 if IMPORTED:
@@ -200,6 +245,30 @@ if IMPORTED:
         return gl.inline_asm_elementwise(ASM_FMA_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
                                          [w, zz, zh], dtype=(gl.float16,) * 8,
                                          is_pure=True, pack=1)
+
+    @gluon.jit
+    def _decode_fold(w, FOLD: gl.constexpr):
+        """`bias + q` of each word's nibbles by `_pair_asm_fold` (fp16), as `_decode`
+        orders them: the word joined with itself, so that with pack=2 each output
+        register is one (nibble p, nibble p + 4) pair, then split."""
+        ww = gl.join(w, w)
+        if FOLD == 1:
+            o = gl.inline_asm_elementwise(ASM_FOLD1_F16, "=r,=r,=r,=r,r,r", [ww],
+                                          dtype=(gl.float16,) * 4, is_pure=True, pack=2)
+        else:
+            o = gl.inline_asm_elementwise(ASM_FOLD2_F16, "=r,=r,=r,=r,r,r", [ww],
+                                          dtype=(gl.float16,) * 4, is_pure=True, pack=2)
+        l0, h0 = gl.split(o[0])
+        l1, h1 = gl.split(o[1])
+        l2, h2 = gl.split(o[2])
+        l3, h3 = gl.split(o[3])
+        return l0, h0, l1, h1, l2, h2, l3, h3
+
+    @gluon.jit
+    def _operand_a_fold(w, BLOCK_N: gl.constexpr, A_L: gl.constexpr, FOLD: gl.constexpr):
+        """Operand A of `bias + q` values (`_decode_fold`), `_operand_a`'s order."""
+        l0, h0, l1, h1, l2, h2, l3, h3 = _decode_fold(w, FOLD)
+        return _arrange_a(l0, h0, l1, h1, l2, h2, l3, h3, BLOCK_N, A_L)
 
     @gluon.jit
     def _magic_bits(z, F16: gl.constexpr):
@@ -518,12 +587,18 @@ if IMPORTED:
     @gluon.jit
     def _row_view(xs2, XT: gl.constexpr, NEW: gl.constexpr):
         """`[XT, 128]` shared memory seen with a rank-1 layout, so that indexing a tile
-        gives a `[128]` view (3.9 names the call `reinterpret`, 3.6 `_reinterpret`)."""
+        gives a `[128]` view."""
+        return _flat_view(xs2, XT, BK, NEW)
+
+    @gluon.jit
+    def _flat_view(buf, XT: gl.constexpr, W: gl.constexpr, NEW: gl.constexpr):
+        """`[XT, W]` shared memory seen with a rank-1 layout, so that indexing a row
+        gives a `[W]` view (3.9 names the call `reinterpret`, 3.6 `_reinterpret`)."""
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         if NEW:
-            v = xs2.reinterpret(xs2.dtype, [XT, BK], FLAT1)
+            v = buf.reinterpret(buf.dtype, [XT, W], FLAT1)
         else:
-            v = xs2._reinterpret(xs2.dtype, [XT, BK], FLAT1)
+            v = buf._reinterpret(buf.dtype, [XT, W], FLAT1)
         return v
 
     @gluon.jit
