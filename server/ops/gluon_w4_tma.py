@@ -22,7 +22,14 @@ one row (twelfth session). Here (fifteenth session):
   removes it, unmeasured);
 - fp16 decodes a word in 9 instructions (`gluon_w4._pair_asm_fma`) and the staged row
   is stored in operand-register order, so operand B is four 16-byte loads a thread with
-  nothing moved after (`_stage_row_paired`).
+  nothing moved after (`_stage_row_paired`);
+- two cuts in the math warps' loop, off until a GPU has measured them (twentieth
+  session; `W4_CONFIG` "fold", "gemv_tma_unroll"): FOLD decodes fp16 words to `bias +
+  q` by masks alone (`gluon_w4._pair_asm_fold`, 5 or 7 instructions a word) and takes
+  the bias and zero point off once a tile and row, as the MMA's starting value, from
+  per-tile sums the staging computes (`_fold_corrections`); UNROLL unrolls a round of
+  ring slots so their addresses and barriers are constants. sm_90 SASS a K tile: 142
+  (gate_up as shipped) -> 90 with both.
 
 Layout: the words' TMA box is `[16, 32]` (16 word rows of one K tile x 32 columns) in
 128-byte swizzle; the MMA's row `m = 16 w + 8 h + i` of warp `w` takes column `16 w +
