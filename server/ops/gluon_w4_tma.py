@@ -257,7 +257,7 @@ if IMPORTED:
         gluon_w4.pdl_wait(PDL)
         _stage_row_paired(xs2, corr2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT, FOLD)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
-        corr = gluon_w4._flat_view(corr2, XS_TILES, 2, gluon_w4.REINTERPRET)
+        corr = gluon_w4._flat_view(corr2, XS_TILES if FOLD else 1, 2, gluon_w4.REINTERPRET)
         xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)
         m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         sn = n0 + 16 * (m // 16) + 2 * (m % 8) + (m % 16) // 8
@@ -308,8 +308,9 @@ if IMPORTED:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         xs2 = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [XS_TILES, BK],
                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        # each tile's folded corrections (-C, -S) (unused without FOLD: 256 bytes at most)
-        corr2 = gl.allocate_shared_memory(gl.float32, [XS_TILES, 2],
+        # each tile's folded corrections (-C, -S) (without FOLD one unused pair)
+        CT: gl.constexpr = XS_TILES if FOLD else 1
+        corr2 = gl.allocate_shared_memory(gl.float32, [CT, 2],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=1)
