@@ -219,6 +219,7 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
 
 def _fold_cases(tq, shipped: dict, rows: list) -> int:
     """The one-row TMA GEMV with its loop's cuts (W4_CONFIG "fold", "gemv_tma_unroll"),
+    and the register and ring kernels folded ("fold_mma", below),
     against the kernel without them: folded (fp16), within the tolerance of the other
     cases of the float32 twin and no more than 1e-4 (of the largest output) from the
     exact decode; unrolled, the same bits as the loop (the arithmetic is the same), every
@@ -284,9 +285,45 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
                      "unrolled_same_bits": same_unrolled, "ok": ok})
         if not ok:
             print("FAILED", json.dumps(rows[-1]))
+    # the register and ring kernels folded ("fold_mma": corrections by a second MMA):
+    # q/k/v and o at one row, 2 / 5 rows (register kernel) and 8 (ring), zero points or
+    # none, a bias at 5 rows, bf16 (never folded: the same bits)
+    for (n, k), m, zero, dtype in itertools.product(
+            ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)), (1, 2, 5, 8),
+            (True, False), (f16, bf16)):
+        cfg.clear()
+        cfg.update({**shipped, "gemv_mma_max_m": 8})
+        if tq.mma_plan(m, n, k, sms, cfg).stages or (dtype == bf16 and not zero):
+            continue   # the TMA kernel's (above)
+        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
+        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if m == 5 else None
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        outs = {}
+        for fold in (0, 1):
+            cfg.clear()
+            cfg.update({**shipped, "gemv_mma_max_m": 8, "fold_mma": fold})
+            plan = tq.mma_plan(m, n, k, sms, cfg)
+            outs[fold] = tq.w4a16_linear(x, qw, s, z, 128, b).float()
+        ref = x.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
+        ref = ref + (b.float() if b is not None else 0)
+        scale = ref.abs().max()
+        err = {f: ((o - ref).abs().max() / scale).item() for f, o in outs.items()}
+        off = ((outs[1] - outs[0]).abs().max() / scale).item()
+        ok = (plan.stages == 0 and all(e == e and e <= 2e-3 for e in err.values())
+              and off <= 1e-4 and (dtype == f16 or off == 0))
+        cases += 1
+        failures += not ok
+        rows.append({"fold_mma": True, "n": n, "k": k, "m": m, "zeros": zero,
+                     "dtype": str(dtype), "ring": plan.ring, "errors": err,
+                     "folded_off_exact": off, "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]))
     cfg.clear()
     cfg.update(shipped)
-    print(f"folded / unrolled TMA GEMV: {cases} cases, {failures} failures")
+    print(f"folded / unrolled TMA GEMV, folded register / ring GEMVs: {cases} cases, "
+          f"{failures} failures")
     return failures
 
 

@@ -331,18 +331,64 @@ if IMPORTED:
 
     @gluon.jit
     def _tile_product(w, s, z, x, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
-                      B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr):
-        """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
-        zz = gl.broadcast(w, _magic_bits(z, F16)[:, None])[1]
-        a = _operand_a(w, zz, BLOCK_N, A_L, F16)
+                      B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr,
+                      FOLD: gl.constexpr = 0):
+        """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied. FOLD
+        (fp16): the words decoded to `bias + q` (`_pair_asm_fold`) and the MMA started
+        from `-(C + z S)` of every input row, which a second MMA gives (`_fold_start`)."""
         b = _operand_b(x, B_L)
-        t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
+        if FOLD:   # two independent MMA chains (the second's result is not the first's start)
+            a = _operand_a_fold(w, BLOCK_N, A_L, FOLD)
+            t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
+            t = t + _fold_start(w, b, z, BLOCK_N, A_L, MMA, FOLD)
+        else:
+            zz = gl.broadcast(w, _magic_bits(z, F16)[:, None])[1]
+            a = _operand_a(w, zz, BLOCK_N, A_L, F16)
+            t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
         return t * s[:, None]
+
+    @gluon.jit
+    def _fold_start(w, b, z, BLOCK_N: gl.constexpr, A_L: gl.constexpr, MMA: gl.constexpr,
+                    FOLD: gl.constexpr):
+        """The folded tile's correction, `-(C_m + z_r S_m)` for output row r and input
+        row m, with C_m the tile's activations of input row m weighted by their K rows'
+        decode biases and S_m their sum. One MMA of a constant operand gives both where
+        every thread needs them: rows 16 i + 0..7 of it hold minus the K rows' biases
+        (-C in the result's rows g), rows 16 i + 8..15 minus ones (-S in rows g + 8, the
+        same thread's); then each row takes its own zero point. For the kernels that do
+        not stage the row (the TMA kernel computes C and S once as it stages:
+        `gluon_w4_tma._fold_corrections`)."""
+        W_L: gl.constexpr = w.type.layout                # the words' (`_arrange_a`'s input)
+        n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_L))
+        top = gl.broadcast(((n % 16) < 8)[:, None], gl.zeros([BLOCK_N, 16], gl.int32, W_L))[0]
+        if FOLD == 1:
+            ev = gl.where(top, -FOLD1_EVEN, -1.0).to(gl.float16)
+            od = gl.where(top, -FOLD1_ODD, -1.0).to(gl.float16)
+        else:
+            ev = gl.where(top, -FOLD2_BIAS, -1.0).to(gl.float16)
+            od = ev
+        # nibble p and p + 4 share their K row's parity: p even, the even rows
+        biases = _arrange_a(ev, ev, od, od, ev, ev, od, od, BLOCK_N, A_L)
+        cs = mma_v2(biases, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
+        zf = gl.convert_layout(z, gl.SliceLayout(1, MMA)).to(gl.float32)
+        zb = gl.broadcast(zf[:, None], cs)[0]
+        c, sm = _row_halves(cs, BLOCK_N)            # -C (rows g), -S (rows g + 8)
+        z_top, z_bot = _row_halves(zb, BLOCK_N)
+        d = gl.join(c + z_top * sm, c + z_bot * sm)            # [tiles, 8, ROWS, half]
+        d = gl.reshape(gl.permute(d, [0, 3, 1, 2]), [BLOCK_N, ROWS])
+        return gl.convert_layout(d, MMA, assert_trivial=True)
+
+    @gluon.jit
+    def _row_halves(v, BLOCK_N: gl.constexpr):
+        """`[BLOCK_N, ROWS]` by MMA row -> its rows 16 i + g and 16 i + 8 + g (g < 8) as
+        two `[BLOCK_N / 16, 8, ROWS]` (one thread holds both: a register bit)."""
+        v = gl.reshape(v, [BLOCK_N // 16, 2, 8, ROWS])
+        return gl.split(gl.permute(v, [0, 2, 3, 1]))
 
     @gluon.jit
     def _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N: gl.constexpr,
               A_L: gl.constexpr, B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr,
-              X_L: gl.constexpr, XS_TILES: gl.constexpr):
+              X_L: gl.constexpr, XS_TILES: gl.constexpr, FOLD: gl.constexpr = 0):
         """`acc` plus the K tile at row `k0`: its activations from the shared-memory copy
         of the one input row (XS_TILES; every operand column gets that row, and the
         columns past M are never stored) or from global memory."""
@@ -351,7 +397,7 @@ if IMPORTED:
             x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
         else:
             x = gl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-        return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+        return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16, FOLD)
 
     @gluon.jit
     def _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
@@ -466,7 +512,8 @@ if IMPORTED:
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
                             XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
                             ml_ptr=None, acc_ptr=None, used_ptr=None, ml_splits=1,
-                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1):
+                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1,
+                            FOLD: gl.constexpr = 0):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -540,18 +587,18 @@ if IMPORTED:
                                          gl.minimum(k0 + BK, last_k), k_start, N, GROUP,
                                          HAS_ZERO)
                 acc = _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N,
-                            A_L, B_L, MMA, F16, X_L, XS_TILES)
+                            A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
         else:
             # each buffer multiplied, then refilled with the tile DEPTH ahead
             for k0 in range(k_start, k_end, DEPTH * BK):
                 acc = _step(acc, wa, sa, za, xs, x_ptrs, x_mask, k0, k_start, xzero,
-                            BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
+                            BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
                 wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                          gl.minimum(k0 + DEPTH * BK, last_k), k_start, N,
                                          GROUP, HAS_ZERO)
                 if k0 + BK < k_end:
                     acc = _step(acc, wb, sb, zb, xs, x_ptrs, x_mask, k0 + BK, k_start,
-                                xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
+                                xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
                 wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                          gl.minimum(k0 + (DEPTH + 1) * BK, last_k), k_start,
                                          N, GROUP, HAS_ZERO)
@@ -559,7 +606,7 @@ if IMPORTED:
                     if k0 + 2 * BK < k_end:
                         acc = _step(acc, wc, sc, zc, xs, x_ptrs, x_mask, k0 + 2 * BK,
                                     k_start, xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L,
-                                    XS_TILES)
+                                    XS_TILES, FOLD)
                     wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                              gl.minimum(k0 + 5 * BK, last_k), k_start, N,
                                              GROUP, HAS_ZERO)
@@ -657,7 +704,7 @@ if IMPORTED:
                              HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
                              WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                              SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                             PDL: gl.constexpr):
+                             PDL: gl.constexpr, FOLD: gl.constexpr = 0):
         """`_w4_gemv_mma_kernel`'s arithmetic with its operands staged through a ring of
         STAGES shared-memory tiles filled by cp.async (Marlin's pipeline): STAGES - 1 K
         tiles in flight a program, held by shared memory instead of registers. Under ncu
@@ -733,7 +780,7 @@ if IMPORTED:
                         k0 + (STAGES - 1) * BK, k_start, k_end, M, N, stride_xm, GROUP,
                         HAS_ZERO, True, True)
             _commit()
-            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
+            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16, FOLD)
             t += 1
         _wait(0)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,

@@ -259,7 +259,12 @@ W4_CONFIG = {
     # below that of weights dequantized to fp16 (HF's and vLLM's arithmetic).
     # "gemv_tma_unroll": a round of the ring's slots unrolled, so each slot's addresses
     # and barriers are constants: 121 / 121 alone, 90 / 90 with fold 1.
-    "fold": 0, "gemv_tma_unroll": False,
+    # "fold_mma": the same decode in the register and ring kernels (qkv and o at one
+    # row, every layer at 2-8 rows), whose rows are not staged: a second MMA chain, of a
+    # constant operand, gives each tile's corrections (`gluon_w4._fold_start`). SASS a
+    # tile: 183 -> 161 (one row, qkv / o's plan), 175 -> 148 (2-7 rows, 3 deep); fold 2
+    # does not pay there (180).
+    "fold": 0, "gemv_tma_unroll": False, "fold_mma": 0,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -1025,6 +1030,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
+    fold_mma = cfg["fold_mma"] if x.dtype == torch.float16 else 0
     if plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
@@ -1033,7 +1039,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
             UNROLL=bool(cfg["gemv_tma_unroll"]), **common)
     elif plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
-                                                       **common)
+                                                       FOLD=fold_mma, **common)
     else:
         merge = {}
         if parts is not None:
@@ -1042,7 +1048,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                          MERGE_SPLITS_PAD=triton.next_power_of_2(parts.plan.splits))
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, **merge, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, FOLD=fold_mma, **merge, **common)
     return o.result(splits, bias, x.dtype)
 
 

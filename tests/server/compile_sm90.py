@@ -475,7 +475,19 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
-               "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]})}
+               "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]}),
+               # W4_CONFIG "fold_mma" (off until measured): fp16 folded, bf16 as ever
+               "registers folded": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0,
+                                                             "FOLD": 1}),
+               "rows deep folded": (gw._w4_gemv_mma_kernel,
+                                    {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
+                                     "XS_TILES": 0, "FOLD": 1}),
+               "one row merged folded": (gw._w4_gemv_mma_kernel,
+                                         {**pre, "DEPTH": 1, "XS_TILES": 2, "FOLD": 1,
+                                          "MERGE": w4["merge_stage"] or 8,
+                                          "MERGE_SPLITS_PAD": 32}),
+               "ring folded": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"],
+                                                         "FOLD": 1})}
     got = {}
     for (kind, (fn, own)), (dt, zero, fused) in itertools.product(
             kernels.items(), (("fp16", True, True), ("bf16", False, False))):
@@ -487,7 +499,8 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                 "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
-              "PDL": 1, **own}
+              "PDL": 1, "FOLD": 0, **own}
+        cx["FOLD"] = cx["FOLD"] if dt == "fp16" else 0    # bf16 is never folded
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
             ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
@@ -502,11 +515,15 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         got[kind, dt] = (int(regs.group(1)) if regs else -1,
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
-                         bool(copies) == (kind in ("ring", "one row"))
-                         and bool(exps) == (kind in ("one row silu", "one row merged")))
+                         bool(copies) == (kind in ("ring", "one row", "ring folded"))
+                         and bool(exps) == (kind in ("one row silu", "one row merged",
+                                                     "one row merged folded"))
+                         # folded: no packed subtraction left in the decode
+                         and ("sub.rn.f16x2" in ptx) == (dt == "fp16" and not cx["FOLD"]))
     # the merging o GEMV must keep the register kernel's programs an SM (its plan's aim)
     merged_cap = 65536 // (warps * 32 * w4["gemv_mma_programs_per_sm"])
-    if any(r < 0 or r > 96 or sp or not mma or not cp or (k == "one row merged" and r > merged_cap)
+    if any(r < 0 or r > 96 or sp or not mma or not cp
+           or (k.startswith("one row merged") and r > merged_cap)
            for (k, _), (r, sp, mma, cp) in got.items()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
