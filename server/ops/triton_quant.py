@@ -257,8 +257,9 @@ W4_CONFIG = {
     # 1: 5 instructions a word, 2: 7, against 9): 111 / 100 (fold 1), 126 / 114 (fold
     # 2). Not the bits of fold 0 (the float32 sums carry the bias); the error stays ~20x
     # below that of weights dequantized to fp16 (HF's and vLLM's arithmetic).
-    # "gemv_tma_unroll": a round of the ring's slots unrolled, so each slot's addresses
-    # and barriers are constants: 121 / 121 alone, 90 / 90 with fold 1.
+    # "gemv_tma_unroll": the loop in whole rounds of the ring's slots, unrolled, so each
+    # slot's addresses and barriers are constants: 111 / 111 alone, 81 / 82 with fold 1
+    # (96 / 97 with fold 2).
     # "fold_mma": the same decode in the register and ring kernels (qkv and o at one
     # row, every layer at 2-8 rows), whose rows are not staged: a second MMA chain, of a
     # constant operand, gives each tile's corrections (`gluon_w4._fold_start`). SASS a
