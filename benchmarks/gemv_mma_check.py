@@ -217,12 +217,19 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
     return failures + (served == 0)
 
 
+def _beyond_ulp(out, exact, scale) -> float:
+    """How far a folded output is from the exact decode's, past the one 16-bit rounding
+    step (2^-10 of the value) that any difference in the float32 sums can flip, over the
+    largest reference output (folded: ~1e-5 in a float32 emulation, checked at 1e-4)."""
+    return ((out - exact).abs() - exact.abs() * 2 ** -10).clamp(min=0).max().item() / float(scale)
+
+
 def _fold_cases(tq, shipped: dict, rows: list) -> int:
     """The one-row TMA GEMV with its loop's cuts (W4_CONFIG "fold", "gemv_tma_unroll"),
     and the register and ring kernels folded ("fold_mma", below),
     against the kernel without them: folded (fp16), within the tolerance of the other
     cases of the float32 twin and no more than 1e-4 (of the largest output) from the
-    exact decode; unrolled, the same bits as the loop (the arithmetic is the same), every
+    exact decode beyond one 16-bit rounding step (`_beyond_ulp`); unrolled, the same bits as the loop (the arithmetic is the same), every
     fold. Gate_up and down shapes and a small one, the ring refilled (3 slots), zero
     points or none, one group a column with a bias, down's SiLU staged
     (`w4a16_silu_linear`), bf16 (never folded) unrolled."""
@@ -271,8 +278,7 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
         exact = outs[0, False]
         err = {f"fold{f}{'u' if u else ''}": ((o - ref).abs().max() / scale).item()
                for (f, u), o in outs.items()}
-        off_exact = {f: ((outs[f, False] - exact).abs().max() / scale).item()
-                     for f in folds if f}
+        off_exact = {f: _beyond_ulp(outs[f, False], exact, scale) for f in folds if f}
         same_unrolled = {f: bool(torch.equal(outs[f, True], outs[f, False])) for f in folds}
         ok = (plan.stages > 0 and all(e == e and e <= 2e-3 for e in err.values())
               and all(same_unrolled.values())
@@ -310,7 +316,7 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
         ref = ref + (b.float() if b is not None else 0)
         scale = ref.abs().max()
         err = {f: ((o - ref).abs().max() / scale).item() for f, o in outs.items()}
-        off = ((outs[1] - outs[0]).abs().max() / scale).item()
+        off = _beyond_ulp(outs[1], outs[0], scale)
         ok = (plan.stages == 0 and all(e == e and e <= 2e-3 for e in err.values())
               and off <= 1e-4 and (dtype == f16 or off == 0))
         cases += 1
