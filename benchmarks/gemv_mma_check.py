@@ -280,7 +280,8 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
                for (f, u), o in outs.items()}
         off_exact = {f: _beyond_ulp(outs[f, False], exact, scale) for f in folds if f}
         same_unrolled = {f: bool(torch.equal(outs[f, True], outs[f, False])) for f in folds}
-        ok = (plan.stages > 0 and all(e == e and e <= 2e-3 for e in err.values())
+        tol = 2e-3 if dtype == f16 else 8e-3     # bf16 rounds its outputs at 2^-9
+        ok = (plan.stages > 0 and all(e == e and e <= tol for e in err.values())
               and all(same_unrolled.values())
               and all(v <= 1e-4 for v in off_exact.values()))
         cases += 1
@@ -317,7 +318,8 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
         scale = ref.abs().max()
         err = {f: ((o - ref).abs().max() / scale).item() for f, o in outs.items()}
         off = _beyond_ulp(outs[1], outs[0], scale)
-        ok = (plan.stages == 0 and all(e == e and e <= 2e-3 for e in err.values())
+        tol = 2e-3 if dtype == f16 else 8e-3
+        ok = (plan.stages == 0 and all(e == e and e <= tol for e in err.values())
               and off <= 1e-4 and (dtype == f16 or bool(torch.equal(outs[1], outs[0]))))
         cases += 1
         failures += not ok
