@@ -35,6 +35,10 @@ rows, where one operand serves every row, and loses at one.
 in registers, nothing through shared memory) 3.0-3.1 a nibble under Triton 3.6 (the
 Triton one 4.3 there, the CUDA-core GEMV 5.7); 4% faster back to back at one row, 8-26%
 in the engine's decode forward at 1-8 rows (BENCHMARKS.md).
+2026-12-05 (twentieth session): the one-row TMA GEMV 142 instructions a K tile (gate_up;
+down 130) for 8 HMMAs, 72 of them decoding 8 words; folded and unrolled
+(W4_CONFIG "fold", "gemv_tma_unroll") 81 / 82; the register kernel 183 -> 161 at one row
+folded ("fold_mma"). The Gluon cases print instructions a K tile.
 """
 
 from __future__ import annotations
@@ -62,9 +66,10 @@ NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdis
 
 
 def compile_cubin(fn, ptrs: dict, cx: dict, warps: int, stages: int,
-                  aligned: list[str]) -> bytes:
+                  aligned: list[str], **options) -> bytes:
     """The kernel's cubin for sm_90, with `aligned` arguments specialized as multiples of
-    16 (as Triton does for the real launch's pointers and sizes)."""
+    16 (as Triton does for the real launch's pointers and sizes); `options` over the
+    compile's (e.g. maxnreg)."""
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     if getattr(fn, "is_gluon", lambda: False)():   # a Gluon kernel (gluon_w4)
         from triton.experimental.gluon._runtime import GluonASTSource
@@ -72,7 +77,8 @@ def compile_cubin(fn, ptrs: dict, cx: dict, warps: int, stages: int,
     else:
         src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages}).asm["cubin"]
+                          options={"num_warps": warps, "num_stages": stages,
+                                   **options}).asm["cubin"]
 
 
 def disassemble(cubin: bytes, *flags: str) -> str:
@@ -108,6 +114,79 @@ def innermost_loop(sass: str) -> list[str]:
             body = instrs[labels[m.group(1)]:i + 1]
             best = body if len(body) > len(best) else best
     return best
+
+
+def mma_loop(sass: str) -> list[str]:
+    """The shortest body of a predicated backward branch with an HMMA in it: the Gluon
+    GEMVs' K loop (their warp-specialized partitions add longer outer loops around it,
+    and each mbarrier wait's out-of-line retry jumps back unpredicated)."""
+    labels: dict[str, int] = {}
+    instrs: list[str] = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*\.(L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(instrs)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            instrs.append(m.group(1).strip())
+    best: list[str] = []
+    for i, ins in enumerate(instrs):
+        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = instrs[labels[m.group(1)]:i + 1]
+            if (ins.startswith("@") and any("HMMA" in x for x in body)
+                    and (not best or len(body) < len(best))):
+                best = body
+    return best
+
+
+def gluon_tile_cases() -> dict:
+    """The one-row Gluon GEMVs' K loop a tile, as W4_CONFIG's switches shape it: the
+    TMA kernel at gate_up's and down's plans (fp16, zero points, split-K summed in the
+    kernel) by "fold" and "gemv_tma_unroll" (unrolled: a round of STAGES tiles an
+    iteration), the register kernel at q/k/v's and o's (one row) and at 2-7 rows (3
+    deep: three tiles an iteration) by "fold_mma". name -> (fn, ptrs, cx, warps,
+    aligned, options, tiles an iteration)."""
+    from pagefleet.server.ops import gluon_w4_tma as gt
+    w4 = tq.W4_CONFIG
+    bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
+             "transposed=False, fp4_padded=False, cga_layout=[])")
+    tma_ptrs = {"x_ptr": "*fp16", "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16",
+                "cnt_ptr": "*i32",
+                "w_desc": f"tensordesc<i32[16, 32],{nvmma.format(128, 32)}>",
+                "s_desc": f"tensordesc<fp16[1, {bn}],{nvmma.format(0, 16)}>",
+                "z_desc": f"tensordesc<u8[1, {bn}],{nvmma.format(0, 8)}>"}
+    tma_aligned = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
+                   "stride_om", "k_per_split"]
+    cases = {}
+    for cls, k in (("unsplit", 3584), ("deep", 18944)):
+        plan = tq._tma_plan(k, w4["gemv_mma_one_row"][cls]["tma"], w4)
+        for fold, unroll in ((0, False), (1, False), (2, False), (0, True), (1, True),
+                             (2, True)):
+            cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
+                  "WARPS": warps, "F16": True, "STAGES": plan.stages,
+                  "XS_TILES": plan.xs_tiles, "ACT": cls == "deep", "SPLITS_PAD": 4,
+                  "FUSED": True, "PDL": 1, "FOLD": fold, "UNROLL": unroll}
+            name = (f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s "
+                    f"plan, fold {fold}, unrolled {unroll}")
+            cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, tma_aligned,
+                           {"maxnreg": plan.maxnreg}, plan.stages if unroll else 1)
+    reg_ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
+                "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32",
+                "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
+    reg_aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
+                   "stride_xm", "stride_os", "stride_om", "k_per_split"]
+    for depth, rows in ((1, "one row (q/k/v, o)"), (3, "2-7 rows, 3 deep")):
+        for fold in (0, 1):
+            cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
+                  "WARPS": warps, "F16": True, "PRELOAD": w4["gemv_mma_preload"],
+                  "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "DEPTH": depth, "XS_TILES": 0,
+                  "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1, "FOLD": fold}
+            cases[f"w4a16 Gluon register gemv, {rows}, fold_mma {fold}"] = (
+                gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, reg_aligned, {}, depth)
+    return cases
 
 
 def opcodes(body: list[str]) -> dict[str, int]:
@@ -167,7 +246,8 @@ def main() -> None:
              "res_ptr": "*fp16", "cnt_ptr": "*i32"},
             {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
              "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
-             "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False},
+             "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False, "MERGE": 0,
+             "MERGE_SPLITS_PAD": 1, "FOLD": 0},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
     result = {}
@@ -178,6 +258,14 @@ def main() -> None:
         top = ", ".join(f"{k} {v}" for k, v in list(result[name]["opcodes"].items())[:10])
         print(f"{name}: {len(body)} instructions per iteration, {per_thread:.0f} weights per "
               f"thread, {len(body) / per_thread:.2f} per weight ({top})")
+    if gluon_w4.IMPORTED:
+        for name, (fn, ptrs, cx, warps, aligned, options, tiles) in gluon_tile_cases().items():
+            body = mma_loop(disassemble(compile_cubin(fn, ptrs, cx, warps, 1, aligned,
+                                                      **options)))
+            result[name] = {"loop_instructions": len(body), "tiles_an_iteration": tiles,
+                            "per_tile": round(len(body) / tiles, 1), "opcodes": opcodes(body)}
+            top = ", ".join(f"{k} {v}" for k, v in list(result[name]["opcodes"].items())[:8])
+            print(f"{name}: {len(body) / tiles:.1f} instructions a K tile ({top})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
