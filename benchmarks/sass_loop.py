@@ -95,8 +95,8 @@ def compile_sass(fn, ptrs: dict, cx: dict, warps: int, stages: int, aligned: lis
     return disassemble(compile_cubin(fn, ptrs, cx, warps, stages, aligned))
 
 
-def innermost_loop(sass: str) -> list[str]:
-    """The instructions of the longest backward-branch body (the K loop)."""
+def _backward_branches(sass: str) -> list[tuple[list[str], str]]:
+    """Every backward branch's body (its target label to the branch) and the branch."""
     labels: dict[str, int] = {}
     instrs: list[str] = []
     for line in sass.splitlines():
@@ -107,38 +107,26 @@ def innermost_loop(sass: str) -> list[str]:
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
         if m:
             instrs.append(m.group(1).strip())
-    best: list[str] = []
+    loops = []
     for i, ins in enumerate(instrs):
         m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
-            body = instrs[labels[m.group(1)]:i + 1]
-            best = body if len(body) > len(best) else best
-    return best
+            loops.append((instrs[labels[m.group(1)]:i + 1], ins))
+    return loops
+
+
+def innermost_loop(sass: str) -> list[str]:
+    """The instructions of the longest backward-branch body (the K loop)."""
+    return max((body for body, _ in _backward_branches(sass)), key=len, default=[])
 
 
 def mma_loop(sass: str) -> list[str]:
     """The shortest body of a predicated backward branch with an HMMA in it: the Gluon
     GEMVs' K loop (their warp-specialized partitions add longer outer loops around it,
     and each mbarrier wait's out-of-line retry jumps back unpredicated)."""
-    labels: dict[str, int] = {}
-    instrs: list[str] = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.(L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(instrs)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if m:
-            instrs.append(m.group(1).strip())
-    best: list[str] = []
-    for i, ins in enumerate(instrs):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            body = instrs[labels[m.group(1)]:i + 1]
-            if (ins.startswith("@") and any("HMMA" in x for x in body)
-                    and (not best or len(body) < len(best))):
-                best = body
-    return best
+    return min((body for body, latch in _backward_branches(sass)
+                if latch.startswith("@") and any("HMMA" in x for x in body)),
+               key=len, default=[])
 
 
 def gluon_tile_cases() -> dict:
