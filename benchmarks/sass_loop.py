@@ -183,10 +183,9 @@ def opcodes(body: list[str]) -> dict[str, int]:
     return dict(ops.most_common())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", help="write the counts here")
-    args = ap.parse_args()
+def loop_cases() -> dict:
+    """The loops counted per weight element: name -> (fn, ptrs, constexprs, warps,
+    stages, aligned arguments, weights a thread an iteration)."""
     w4, f8 = tq.W4_CONFIG, tq.FP8_CONFIG
     bk, gpt = tq._gemv_tile(w4["gemv_block_k"], 128, 3584)
     sizes = ["N", "K", "stride_xm", "stride_os", "stride_om", "k_per_split"]
@@ -238,8 +237,15 @@ def main() -> None:
              "MERGE_SPLITS_PAD": 1, "FOLD": 0},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
+    return cases
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the counts here")
+    args = ap.parse_args()
     result = {}
-    for name, (fn, ptrs, cx, warps, stages, aligned, per_thread) in cases.items():
+    for name, (fn, ptrs, cx, warps, stages, aligned, per_thread) in loop_cases().items():
         body = innermost_loop(compile_sass(fn, ptrs, cx, warps, stages, aligned))
         result[name] = {"loop_instructions": len(body), "weights_per_thread": per_thread,
                         "per_weight": round(len(body) / per_thread, 2), "opcodes": opcodes(body)}

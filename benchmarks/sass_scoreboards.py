@@ -43,10 +43,11 @@ def control_bits(cubin: bytes) -> list[tuple[str, str, int, int]]:
     return rows
 
 
-def main() -> None:
+def kernel_case(extra: dict) -> tuple:
+    """The register kernel as read here: (fn, ptrs, constexprs, warps, aligned), with
+    `extra` constexprs over the defaults."""
     from pagefleet.server.ops import gluon_w4 as gw
     from pagefleet.server.ops.triton_quant import W4_CONFIG
-    extra = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {"DEPTH": 1, "XS_TILES": 0}
     fn = gw._w4_gemv_mma_kernel
     ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
             "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32"}
@@ -58,6 +59,12 @@ def main() -> None:
           **extra}
     aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
                "stride_xm", "stride_os", "stride_om", "k_per_split"]
+    return fn, ptrs, cx, warps, aligned
+
+
+def main() -> None:
+    extra = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {"DEPTH": 1, "XS_TILES": 0}
+    fn, ptrs, cx, warps, aligned = kernel_case(extra)
     rows = control_bits(compile_cubin(fn, ptrs, cx, warps, 1, aligned))
     load_sbs = {sb for _, ins, sb, _ in rows if ins.split()[0].lstrip("@!P0123456789 ")
                 .startswith("LDG") and sb != 7}
