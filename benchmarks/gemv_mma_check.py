@@ -194,9 +194,7 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
             shapes, (torch.float16, torch.bfloat16), (True, False), (False, True)):
         cfg.clear()
         cfg.update({**shipped, "gemv_mma_one_row": staged})
-        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
-        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
-        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
         b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if with_bias else None
         x = torch.randn(1, 2 * k, device="cuda", dtype=dtype) * 3
         fused = tq.w4a16_silu_linear(x, qw, s, z, 128, b)
@@ -215,6 +213,16 @@ def _silu_cases(tq, shipped: dict, shapes, rows: list) -> int:
     print(f"SiLU staged with the row: {served} of {len(shapes) * 8} cases served, "
           f"{failures} not equal to the two kernels")
     return failures + (served == 0)
+
+
+def _w4_weights(n: int, k: int, group: int, zero: bool, dtype):
+    """Random 4-bit words `[K / 8, N]`, scales `[K / group, N]` in `dtype` and uint8 zero
+    points (or none), on the GPU."""
+    import torch
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+    s = (torch.rand(k // group, n, device="cuda") * 0.01 + 0.001).to(dtype)
+    z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+    return qw, s, z
 
 
 def _beyond_ulp(out, exact, scale) -> float:
@@ -257,9 +265,7 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
     failures = cases = 0
     for n, k, group, zero, one_row, act, dtype in trials:
         g = group or k
-        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
-        s = (torch.rand(k // g, n, device="cuda") * 0.01 + 0.001).to(dtype)
-        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        qw, s, z = _w4_weights(n, k, g, zero, dtype)
         b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if group is None else None
         x = torch.randn(1, 2 * k if act else k, device="cuda", dtype=dtype)
         outs = {}
@@ -302,9 +308,7 @@ def _fold_cases(tq, shipped: dict, rows: list) -> int:
         cfg.update({**shipped, "gemv_mma_max_m": 8})
         if tq.mma_plan(m, n, k, sms, cfg).stages or (dtype == bf16 and not zero):
             continue   # the TMA kernel's (above)
-        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
-        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
-        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
         b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if m == 5 else None
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         outs = {}
@@ -365,9 +369,7 @@ def _merge_cases(tq, shipped: dict, rows: list) -> int:
         table = torch.randperm(blocks, device="cuda")[:width // bs].int()[None]
         lens = torch.tensor([ctx], device="cuda", dtype=torch.int32)
         q = torch.randn(1, heads, hd, device="cuda", dtype=dtype)
-        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
-        s = (torch.rand(k // 128, n, device="cuda") * 0.01 + 0.001).to(dtype)
-        z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
+        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
 
         def fused():
             parts = ta.paged_decode_attention_parts(q, kc, vc, table, lens, hd ** -0.5)
