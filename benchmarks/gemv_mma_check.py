@@ -19,9 +19,8 @@ of weights in flight (`triton_quant.mma_plan`), or for gate_up and down the TMA 
 (`server/ops/gluon_w4_tma.py`); five more one-row plans run at every shape (two of them
 the TMA kernel with its ring refilled, odd splits and one-tile splits); the down
 projection's SiLU-and-mul taken into the staging must give the bits of the SiLU kernel
-then the GEMV; the TMA kernel folded and unrolled (W4_CONFIG "fold", "gemv_tma_unroll")
-is checked against itself without them; the o projection merging the decode attention's
-splits as it stages its row must match the merge pass then the GEMV.
+then the GEMV; the o projection merging the decode attention's splits as it stages its
+row must match the merge pass then the GEMV.
 GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys
 over the shipped ones (a variant checked before it ships).
 """
@@ -149,7 +148,6 @@ def main() -> int:
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     failures += _silu_cases(tq, shipped, shapes, rows)
     failures += _merge_cases(tq, shipped, rows)
-    failures += _fold_cases(tq, shipped, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -223,120 +221,6 @@ def _w4_weights(n: int, k: int, group: int, zero: bool, dtype):
     s = (torch.rand(k // group, n, device="cuda") * 0.01 + 0.001).to(dtype)
     z = torch.randint(0, 16, s.shape, device="cuda", dtype=torch.uint8) if zero else None
     return qw, s, z
-
-
-def _beyond_ulp(out, exact, scale) -> float:
-    """How far a folded output is from the exact decode's, past the one 16-bit rounding
-    step (2^-10 of the value) that any difference in the float32 sums can flip, over the
-    largest reference output (folded: ~1e-5 in a float32 emulation, checked at 1e-4)."""
-    return ((out - exact).abs() - exact.abs() * 2 ** -10).clamp(min=0).max().item() / float(scale)
-
-
-def _fold_cases(tq, shipped: dict, rows: list) -> int:
-    """The one-row TMA GEMV with its loop's cuts (W4_CONFIG "fold", "gemv_tma_unroll"),
-    and the register and ring kernels folded ("fold_mma", below), against the kernels
-    without them: folded (fp16), within the tolerance of the other cases of the float32
-    twin and no more than 1e-4 (of the largest output) from the exact decode beyond one
-    16-bit rounding step (`_beyond_ulp`); unrolled, the same bits as the loop (the
-    arithmetic is the same), every fold. Gate_up and down shapes and a small one, the
-    ring refilled (3 slots), zero points or none, one group a column with a bias, down's
-    SiLU staged (`w4a16_silu_linear`), bf16 (never folded) unrolled."""
-    import torch
-
-    from pagefleet.server.ops import quant, triton_activation
-    cfg = tq.W4_CONFIG
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    refill = {**shipped["gemv_mma_one_row"],
-              "unsplit": {**shipped["gemv_mma_one_row"]["unsplit"],
-                          "tma": {"stages": 3, "maxnreg": 48}}}
-    f16, bf16 = torch.float16, torch.bfloat16
-    ship = shipped["gemv_mma_one_row"]
-    # (N, K, group (None: one a column, with a bias), zero points, plan, SiLU staged, dtype)
-    trials = [(37888, 3584, 128, True, ship, False, f16),
-              (37888, 3584, 128, False, ship, False, f16),
-              (37888, 3584, 128, True, refill, False, f16),
-              (37888, 3584, None, True, ship, False, f16),
-              (3584, 18944, 128, True, ship, True, f16),
-              (3584, 18944, 128, False, ship, False, f16),
-              (256, 1280, 128, True, ship, False, f16),      # 10 tiles in 4 slots
-              # bf16 is never folded: the unrolled loop only
-              (37888, 3584, 128, True, ship, False, bf16),
-              (3584, 18944, 128, False, ship, True, bf16)]
-    failures = cases = 0
-    for n, k, group, zero, one_row, act, dtype in trials:
-        g = group or k
-        qw, s, z = _w4_weights(n, k, g, zero, dtype)
-        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if group is None else None
-        x = torch.randn(1, 2 * k if act else k, device="cuda", dtype=dtype)
-        outs = {}
-        folds = (0, 1, 2) if dtype == f16 else (0,)
-        for fold, unroll in itertools.product(folds, (False, True)):
-            cfg.clear()
-            cfg.update({**shipped, "gemv_mma_max_m": 8, "gemv_mma_one_row": one_row,
-                        "fold": fold, "gemv_tma_unroll": unroll})
-            plan = tq.mma_plan(1, n, k, sms, cfg)
-            f = tq.w4a16_silu_linear if act else tq.w4a16_linear
-            outs[fold, unroll] = f(x, qw, s, z, g, b).float()
-        xin = triton_activation.silu_and_mul(x) if act else x
-        ref = xin.float() @ quant.w4_dequantize(qw, s, z, g, torch.float32)
-        ref = ref + (b.float() if b is not None else 0)
-        scale = ref.abs().max()
-        exact = outs[0, False]
-        err = {f"fold{f}{'u' if u else ''}": ((o - ref).abs().max() / scale).item()
-               for (f, u), o in outs.items()}
-        off_exact = {f: _beyond_ulp(outs[f, False], exact, scale) for f in folds if f}
-        same_unrolled = {f: bool(torch.equal(outs[f, True], outs[f, False])) for f in folds}
-        tol = 2e-3 if dtype == f16 else 8e-3     # bf16 rounds its outputs at 2^-9
-        ok = (plan.stages > 0 and all(e == e and e <= tol for e in err.values())
-              and all(same_unrolled.values())
-              and all(v <= 1e-4 for v in off_exact.values()))
-        cases += 1
-        failures += not ok
-        rows.append({"fold": True, "n": n, "k": k, "group": g, "zeros": zero, "act": act,
-                     "refill": one_row is refill, "dtype": str(dtype), "tma": plan.stages > 0,
-                     "errors": err, "folded_off_exact": off_exact,
-                     "unrolled_same_bits": same_unrolled, "ok": ok})
-        if not ok:
-            print("FAILED", json.dumps(rows[-1]))
-    # the register and ring kernels folded ("fold_mma": corrections by a second MMA):
-    # q/k/v and o at one row, 2 / 5 rows (register kernel) and 8 (ring), zero points or
-    # none, a bias at 5 rows, bf16 (never folded: the same bits)
-    for (n, k), m, zero, dtype in itertools.product(
-            ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)), (1, 2, 5, 8),
-            (True, False), (f16, bf16)):
-        cfg.clear()
-        cfg.update({**shipped, "gemv_mma_max_m": 8})
-        if tq.mma_plan(m, n, k, sms, cfg).stages or (dtype == bf16 and not zero):
-            continue   # the TMA kernel's (above)
-        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
-        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if m == 5 else None
-        x = torch.randn(m, k, device="cuda", dtype=dtype)
-        outs = {}
-        for fold in (0, 1):
-            cfg.clear()
-            cfg.update({**shipped, "gemv_mma_max_m": 8, "fold_mma": fold})
-            plan = tq.mma_plan(m, n, k, sms, cfg)
-            outs[fold] = tq.w4a16_linear(x, qw, s, z, 128, b).float()
-        ref = x.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
-        ref = ref + (b.float() if b is not None else 0)
-        scale = ref.abs().max()
-        err = {f: ((o - ref).abs().max() / scale).item() for f, o in outs.items()}
-        off = _beyond_ulp(outs[1], outs[0], scale)
-        tol = 2e-3 if dtype == f16 else 8e-3
-        ok = (plan.stages == 0 and all(e == e and e <= tol for e in err.values())
-              and off <= 1e-4 and (dtype == f16 or bool(torch.equal(outs[1], outs[0]))))
-        cases += 1
-        failures += not ok
-        rows.append({"fold_mma": True, "n": n, "k": k, "m": m, "zeros": zero,
-                     "dtype": str(dtype), "ring": plan.ring, "errors": err,
-                     "folded_off_exact": off, "ok": ok})
-        if not ok:
-            print("FAILED", json.dumps(rows[-1]))
-    cfg.clear()
-    cfg.update(shipped)
-    print(f"folded / unrolled TMA GEMV, folded register / ring GEMVs: {cases} cases, "
-          f"{failures} failures")
-    return failures
 
 
 def _merge_cases(tq, shipped: dict, rows: list) -> int:

@@ -36,9 +36,10 @@ in registers, nothing through shared memory) 3.0-3.1 a nibble under Triton 3.6 (
 Triton one 4.3 there, the CUDA-core GEMV 5.7); 4% faster back to back at one row, 8-26%
 in the engine's decode forward at 1-8 rows (BENCHMARKS.md).
 2026-12-05 (twentieth session): the one-row TMA GEMV 142 instructions a K tile (gate_up;
-down 130) for 8 HMMAs, 72 of them decoding 8 words; folded and unrolled
-(W4_CONFIG "fold", "gemv_tma_unroll") 81 / 82; the register kernel 183 -> 161 at one row
-folded ("fold_mma"). The Gluon cases print instructions a K tile.
+down 130) for 8 HMMAs, 72 of them decoding 8 words. A folded decode and whole unrolled
+rounds cut it to 81 / 82 and the register kernel's 183 to 161, and gained nothing in the
+engine (twenty-first session: `results/2026-12-05b-fold_unroll.patch`, not kept): the
+count does not bound these loops. The Gluon cases print instructions a K tile.
 """
 
 from __future__ import annotations
@@ -130,12 +131,10 @@ def mma_loop(sass: str) -> list[str]:
 
 
 def gluon_tile_cases() -> dict:
-    """The one-row Gluon GEMVs' K loop a tile, as W4_CONFIG's switches shape it: the
-    TMA kernel at gate_up's and down's plans (fp16, zero points, split-K summed in the
-    kernel) by "fold" and "gemv_tma_unroll" (unrolled: a round of STAGES tiles an
-    iteration), the register kernel at q/k/v's and o's (one row) and at 2-7 rows (3
-    deep: three tiles an iteration) by "fold_mma". name -> (fn, ptrs, cx, warps,
-    aligned, options, tiles an iteration)."""
+    """The one-row Gluon GEMVs' K loop a tile: the TMA kernel at gate_up's and down's
+    plans (fp16, zero points, split-K summed in the kernel), the register kernel at
+    q/k/v's and o's (one row) and at 2-7 rows (3 deep: three tiles an iteration). name ->
+    (fn, ptrs, cx, warps, aligned, options, tiles an iteration)."""
     from pagefleet.server.ops import gluon_w4_tma as gt
     w4 = tq.W4_CONFIG
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
@@ -151,29 +150,24 @@ def gluon_tile_cases() -> dict:
     cases = {}
     for cls, k in (("unsplit", 3584), ("deep", 18944)):
         plan = tq._tma_plan(k, w4["gemv_mma_one_row"][cls]["tma"], w4)
-        for fold, unroll in ((0, False), (1, False), (2, False), (0, True), (1, True),
-                             (2, True)):
-            cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
-                  "WARPS": warps, "F16": True, "STAGES": plan.stages,
-                  "XS_TILES": plan.xs_tiles, "ACT": cls == "deep", "SPLITS_PAD": 4,
-                  "FUSED": True, "PDL": 1, "FOLD": fold, "UNROLL": unroll}
-            name = (f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s "
-                    f"plan, fold {fold}, unrolled {unroll}")
-            cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, tma_aligned,
-                           {"maxnreg": plan.maxnreg}, plan.stages if unroll else 1)
+        cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
+              "WARPS": warps, "F16": True, "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
+              "ACT": cls == "deep", "SPLITS_PAD": 4, "FUSED": True, "PDL": 1}
+        name = f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s plan"
+        cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, tma_aligned,
+                       {"maxnreg": plan.maxnreg}, 1)
     reg_ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
                 "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32",
                 "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
     reg_aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
                    "stride_xm", "stride_os", "stride_om", "k_per_split"]
     for depth, rows in ((1, "one row (q/k/v, o)"), (3, "2-7 rows, 3 deep")):
-        for fold in (0, 1):
-            cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
-                  "WARPS": warps, "F16": True, "PRELOAD": w4["gemv_mma_preload"],
-                  "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "DEPTH": depth, "XS_TILES": 0,
-                  "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1, "FOLD": fold}
-            cases[f"w4a16 Gluon register gemv, {rows}, fold_mma {fold}"] = (
-                gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, reg_aligned, {}, depth)
+        cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
+              "WARPS": warps, "F16": True, "PRELOAD": w4["gemv_mma_preload"],
+              "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "DEPTH": depth, "XS_TILES": 0,
+              "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1}
+        cases[f"w4a16 Gluon register gemv, {rows}"] = (
+            gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, reg_aligned, {}, depth)
     return cases
 
 
@@ -234,7 +228,7 @@ def loop_cases() -> dict:
             {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
              "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
              "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False, "MERGE": 0,
-             "MERGE_SPLITS_PAD": 1, "FOLD": 0},
+             "MERGE_SPLITS_PAD": 1},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
     return cases

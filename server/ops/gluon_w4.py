@@ -164,54 +164,9 @@ def _pair_asm_fma() -> str:
     return " ".join(body)
 
 
-# The folded fp16 decodes (`_pair_asm_fold`): each nibble comes out as its K row's bias
-# plus q, the bias by the row's parity: (even rows, odd rows).
-FOLD_BIASES = {1: (1024.0, 64.0), 2: (64.0, 64.0)}
-
-
-def _pair_asm_fold(fold: int) -> str:
-    """fp16 only: one word -> its 8 nibbles as `bias + q` (no zero point, no
-    subtraction): the mask places each nibble in the mantissa of 1024 (bits 0-3) or 64
-    (bits 4-7), where a mantissa step is 1. The bias and zero point come off after the
-    MMA, once a tile for every row (`gluon_w4_tma`'s FOLD): that is what takes the
-    decode's four packed subtractions / FMAs a word away. fold 1: 5 instructions a word,
-    bias 1024 on the even nibbles (K rows), 64 on the odd; fold 2: 7 (two more shifts),
-    bias 64 on all, so the MMA's float32 sums carry a 16x smaller bias (error ~10x
-    smaller; both well below the rounding of weights dequantized to fp16, which is what
-    HF and vLLM multiply: BENCHMARKS.md, twentieth session).
-
-    Operands: `$0..$3` the packed pairs (nibble p, nibble p + 4) for p = 0..3, written
-    whole (32-bit outputs: no 16-bit halves for ptxas to pack again), `$4` the word
-    (`$5`, the same word, unused: the call is made with pack=2 on the word joined with
-    itself, so that each output register holds one pair)."""
-    lo, hi = "0x64006400", "0x54005400"   # 1024.0 and 64.0, twice
-    if fold == 1:
-        srcs = [("$4", "0x000F000F", lo), ("$4", "0x00F000F0", hi),
-                ("u", "0x000F000F", lo), ("u", "0x00F000F0", hi)]
-        shifts = {2: "shr.u32 u, $4, 8;"}
-    elif fold == 2:
-        srcs = [("u", "0x00F000F0", hi), ("$4", "0x00F000F0", hi),
-                ("u", "0x00F000F0", hi), ("u", "0x00F000F0", hi)]
-        shifts = {0: "shl.b32 u, $4, 4;", 2: "shr.u32 u, $4, 4;", 3: "shr.u32 u, $4, 8;"}
-    else:
-        raise ValueError(f"fold must be 1 or 2, not {fold}")
-    body = ["{ .reg .b32 u;"]
-    for p, (src, mask, magic) in enumerate(srcs):
-        if p in shifts:
-            body.append(shifts[p])
-        body.append(f"lop3.b32 ${p}, {src}, {mask}, {magic}, 0xEA;")
-    body.append("}")
-    return " ".join(body)
-
-
 ASM_F16 = triton.language.constexpr(_pair_asm(True))
 ASM_BF16 = triton.language.constexpr(_pair_asm(False))
 ASM_FMA_F16 = triton.language.constexpr(_pair_asm_fma())
-ASM_FOLD1_F16 = triton.language.constexpr(_pair_asm_fold(1))
-ASM_FOLD2_F16 = triton.language.constexpr(_pair_asm_fold(2))
-FOLD1_EVEN = triton.language.constexpr(FOLD_BIASES[1][0])
-FOLD1_ODD = triton.language.constexpr(FOLD_BIASES[1][1])
-FOLD2_BIAS = triton.language.constexpr(FOLD_BIASES[2][0])
 
 
 if IMPORTED:
@@ -245,30 +200,6 @@ if IMPORTED:
         return gl.inline_asm_elementwise(ASM_FMA_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
                                          [w, zz, zh], dtype=(gl.float16,) * 8,
                                          is_pure=True, pack=1)
-
-    @gluon.jit
-    def _decode_fold(w, FOLD: gl.constexpr):
-        """`bias + q` of each word's nibbles by `_pair_asm_fold` (fp16), as `_decode`
-        orders them: the word joined with itself, so that with pack=2 each output
-        register is one (nibble p, nibble p + 4) pair, then split."""
-        ww = gl.join(w, w)
-        if FOLD == 1:
-            o = gl.inline_asm_elementwise(ASM_FOLD1_F16, "=r,=r,=r,=r,r,r", [ww],
-                                          dtype=(gl.float16,) * 4, is_pure=True, pack=2)
-        else:
-            o = gl.inline_asm_elementwise(ASM_FOLD2_F16, "=r,=r,=r,=r,r,r", [ww],
-                                          dtype=(gl.float16,) * 4, is_pure=True, pack=2)
-        l0, h0 = gl.split(o[0])
-        l1, h1 = gl.split(o[1])
-        l2, h2 = gl.split(o[2])
-        l3, h3 = gl.split(o[3])
-        return l0, h0, l1, h1, l2, h2, l3, h3
-
-    @gluon.jit
-    def _operand_a_fold(w, BLOCK_N: gl.constexpr, A_L: gl.constexpr, FOLD: gl.constexpr):
-        """Operand A of `bias + q` values (`_decode_fold`), `_operand_a`'s order."""
-        l0, h0, l1, h1, l2, h2, l3, h3 = _decode_fold(w, FOLD)
-        return _arrange_a(l0, h0, l1, h1, l2, h2, l3, h3, BLOCK_N, A_L)
 
     @gluon.jit
     def _magic_bits(z, F16: gl.constexpr):
@@ -331,64 +262,18 @@ if IMPORTED:
 
     @gluon.jit
     def _tile_product(w, s, z, x, BLOCK_N: gl.constexpr, A_L: gl.constexpr,
-                      B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr,
-                      FOLD: gl.constexpr = 0):
-        """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied. FOLD
-        (fp16): the words decoded to `bias + q` (`_pair_asm_fold`) and the MMA started
-        from `-(C + z S)` of every input row, which a second MMA gives (`_fold_start`)."""
+                      B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr):
+        """One K tile's float32 `[BLOCK_N, 8]` product, its group's scale applied."""
+        zz = gl.broadcast(w, _magic_bits(z, F16)[:, None])[1]
+        a = _operand_a(w, zz, BLOCK_N, A_L, F16)
         b = _operand_b(x, B_L)
-        if FOLD:   # two independent MMA chains (the second's result is not the first's start)
-            a = _operand_a_fold(w, BLOCK_N, A_L, FOLD)
-            t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
-            t = t + _fold_start(w, b, z, BLOCK_N, A_L, MMA, FOLD)
-        else:
-            zz = gl.broadcast(w, _magic_bits(z, F16)[:, None])[1]
-            a = _operand_a(w, zz, BLOCK_N, A_L, F16)
-            t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
+        t = mma_v2(a, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
         return t * s[:, None]
-
-    @gluon.jit
-    def _fold_start(w, b, z, BLOCK_N: gl.constexpr, A_L: gl.constexpr, MMA: gl.constexpr,
-                    FOLD: gl.constexpr):
-        """The folded tile's correction, `-(C_m + z_r S_m)` for output row r and input
-        row m, with C_m the tile's activations of input row m weighted by their K rows'
-        decode biases and S_m their sum. One MMA of a constant operand gives both where
-        every thread needs them: rows 16 i + 0..7 of it hold minus the K rows' biases
-        (-C in the result's rows g), rows 16 i + 8..15 minus ones (-S in rows g + 8, the
-        same thread's); then each row takes its own zero point. For the kernels that do
-        not stage the row (the TMA kernel computes C and S once as it stages:
-        `gluon_w4_tma._fold_corrections`)."""
-        W_L: gl.constexpr = w.type.layout                # the words' (`_arrange_a`'s input)
-        n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_L))
-        top = gl.broadcast(((n % 16) < 8)[:, None], gl.zeros([BLOCK_N, 16], gl.int32, W_L))[0]
-        if FOLD == 1:
-            ev = gl.where(top, -FOLD1_EVEN, -1.0).to(gl.float16)
-            od = gl.where(top, -FOLD1_ODD, -1.0).to(gl.float16)
-        else:
-            ev = gl.where(top, -FOLD2_BIAS, -1.0).to(gl.float16)
-            od = ev
-        # nibble p and p + 4 share their K row's parity: p even, the even rows
-        biases = _arrange_a(ev, ev, od, od, ev, ev, od, od, BLOCK_N, A_L)
-        cs = mma_v2(biases, b, gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA))
-        zf = gl.convert_layout(z, gl.SliceLayout(1, MMA)).to(gl.float32)
-        zb = gl.broadcast(zf[:, None], cs)[0]
-        c, sm = _row_halves(cs, BLOCK_N)            # -C (rows g), -S (rows g + 8)
-        z_top, z_bot = _row_halves(zb, BLOCK_N)
-        d = gl.join(c + z_top * sm, c + z_bot * sm)            # [tiles, 8, ROWS, half]
-        d = gl.reshape(gl.permute(d, [0, 3, 1, 2]), [BLOCK_N, ROWS])
-        return gl.convert_layout(d, MMA, assert_trivial=True)
-
-    @gluon.jit
-    def _row_halves(v, BLOCK_N: gl.constexpr):
-        """`[BLOCK_N, ROWS]` by MMA row -> its rows 16 i + g and 16 i + 8 + g (g < 8) as
-        two `[BLOCK_N / 16, 8, ROWS]` (one thread holds both: a register bit)."""
-        v = gl.reshape(v, [BLOCK_N // 16, 2, 8, ROWS])
-        return gl.split(gl.permute(v, [0, 2, 3, 1]))
 
     @gluon.jit
     def _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N: gl.constexpr,
               A_L: gl.constexpr, B_L: gl.constexpr, MMA: gl.constexpr, F16: gl.constexpr,
-              X_L: gl.constexpr, XS_TILES: gl.constexpr, FOLD: gl.constexpr = 0):
+              X_L: gl.constexpr, XS_TILES: gl.constexpr):
         """`acc` plus the K tile at row `k0`: its activations from the shared-memory copy
         of the one input row (XS_TILES; every operand column gets that row, and the
         columns past M are never stored) or from global memory."""
@@ -397,7 +282,7 @@ if IMPORTED:
             x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
         else:
             x = gl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-        return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16, FOLD)
+        return acc + _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
 
     @gluon.jit
     def _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
@@ -512,8 +397,7 @@ if IMPORTED:
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
                             XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
                             ml_ptr=None, acc_ptr=None, used_ptr=None, ml_splits=1,
-                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1,
-                            FOLD: gl.constexpr = 0):
+                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -587,18 +471,18 @@ if IMPORTED:
                                          gl.minimum(k0 + BK, last_k), k_start, N, GROUP,
                                          HAS_ZERO)
                 acc = _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N,
-                            A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
+                            A_L, B_L, MMA, F16, X_L, XS_TILES)
         else:
             # each buffer multiplied, then refilled with the tile DEPTH ahead
             for k0 in range(k_start, k_end, DEPTH * BK):
                 acc = _step(acc, wa, sa, za, xs, x_ptrs, x_mask, k0, k_start, xzero,
-                            BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
+                            BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
                 wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                          gl.minimum(k0 + DEPTH * BK, last_k), k_start, N,
                                          GROUP, HAS_ZERO)
                 if k0 + BK < k_end:
                     acc = _step(acc, wb, sb, zb, xs, x_ptrs, x_mask, k0 + BK, k_start,
-                                xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES, FOLD)
+                                xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
                 wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                          gl.minimum(k0 + (DEPTH + 1) * BK, last_k), k_start,
                                          N, GROUP, HAS_ZERO)
@@ -606,7 +490,7 @@ if IMPORTED:
                     if k0 + 2 * BK < k_end:
                         acc = _step(acc, wc, sc, zc, xs, x_ptrs, x_mask, k0 + 2 * BK,
                                     k_start, xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L,
-                                    XS_TILES, FOLD)
+                                    XS_TILES)
                     wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
                                              gl.minimum(k0 + 5 * BK, last_k), k_start, N,
                                              GROUP, HAS_ZERO)
@@ -634,18 +518,12 @@ if IMPORTED:
     @gluon.jit
     def _row_view(xs2, XT: gl.constexpr, NEW: gl.constexpr):
         """`[XT, 128]` shared memory seen with a rank-1 layout, so that indexing a tile
-        gives a `[128]` view."""
-        return _flat_view(xs2, XT, BK, NEW)
-
-    @gluon.jit
-    def _flat_view(buf, XT: gl.constexpr, W: gl.constexpr, NEW: gl.constexpr):
-        """`[XT, W]` shared memory seen with a rank-1 layout, so that indexing a row
-        gives a `[W]` view (3.9 names the call `reinterpret`, 3.6 `_reinterpret`)."""
+        gives a `[128]` view (3.9 names the call `reinterpret`, 3.6 `_reinterpret`)."""
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         if NEW:
-            v = buf.reinterpret(buf.dtype, [XT, W], FLAT1)
+            v = xs2.reinterpret(xs2.dtype, [XT, BK], FLAT1)
         else:
-            v = buf._reinterpret(buf.dtype, [XT, W], FLAT1)
+            v = xs2._reinterpret(xs2.dtype, [XT, BK], FLAT1)
         return v
 
     @gluon.jit
@@ -704,7 +582,7 @@ if IMPORTED:
                              HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
                              WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                              SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                             PDL: gl.constexpr, FOLD: gl.constexpr = 0):
+                             PDL: gl.constexpr):
         """`_w4_gemv_mma_kernel`'s arithmetic with its operands staged through a ring of
         STAGES shared-memory tiles filled by cp.async (Marlin's pipeline): STAGES - 1 K
         tiles in flight a program, held by shared memory instead of registers. Under ncu
@@ -780,7 +658,7 @@ if IMPORTED:
                         k0 + (STAGES - 1) * BK, k_start, k_end, M, N, stride_xm, GROUP,
                         HAS_ZERO, True, True)
             _commit()
-            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16, FOLD)
+            acc += _tile_product(w, s, z, x, BLOCK_N, A_L, B_L, MMA, F16)
             t += 1
         _wait(0)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,

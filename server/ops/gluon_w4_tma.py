@@ -22,15 +22,7 @@ one row (twelfth session). Here (fifteenth session):
   removes it, unmeasured);
 - fp16 decodes a word in 9 instructions (`gluon_w4._pair_asm_fma`) and the staged row
   is stored in operand-register order, so operand B is four 16-byte loads a thread with
-  nothing moved after (`_stage_row_paired`);
-- two cuts in the math warps' loop, off until a GPU has measured them (twentieth
-  session; `W4_CONFIG` "fold", "gemv_tma_unroll"): FOLD decodes fp16 words to `bias +
-  q` by masks alone (`gluon_w4._pair_asm_fold`, 5 or 7 instructions a word) and takes
-  the bias and zero point off once a tile and row, as the MMA's starting value, from
-  per-tile sums the staging computes (`_fold_corrections`); UNROLL runs the loop in
-  whole rounds of ring slots, unrolled, so their addresses and barriers are constants
-  (the last round's part apart). sm_90 SASS a K tile: 142 (gate_up as shipped) -> 81
-  with both.
+  nothing moved after (`_stage_row_paired`).
 
 Layout: the words' TMA box is `[16, 32]` (16 word rows of one K tile x 32 columns) in
 128-byte swizzle; the MMA's row `m = 16 w + 8 h + i` of warp `w` takes column `16 w +
@@ -130,12 +122,11 @@ if IMPORTED:
                    full.index(st), k_start + t * BK, n0, GROUP, NB, HAS_ZERO)
 
     @gluon.jit
-    def _stage_row_paired(xs2, corr, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
-                          WARPS: gl.constexpr, ACT: gl.constexpr, FOLD: gl.constexpr):
+    def _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
+                          WARPS: gl.constexpr, ACT: gl.constexpr):
         """`gluon_w4._stage_row` with each 8 activations stored as (0, 4, 1, 5, 2, 6, 3,
         7): the pairs an MMA operand register holds (K rows k and k + 4) side by side, so
-        a tile's operand B is four 16-byte loads a thread with no byte moved after. With
-        FOLD, each tile's corrections too (`_fold_corrections`)."""
+        a tile's operand B is four 16-byte loads a thread with no byte moved after."""
         XC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
         ti = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, XC))
         ki = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
@@ -144,29 +135,10 @@ if IMPORTED:
         if ACT:
             up = gl.load(x_ptr + K + kk, mask=kk < k_end, other=0.0)
             x = gluon_w4._silu_mul(x, up)
-        if FOLD:
-            corr.store(_fold_corrections(x, ki, FOLD))
         x = gl.reshape(x, [XS_TILES, 16, 2, 4])
         x = gl.permute(x, [0, 1, 3, 2])
         xs2.store(gl.convert_layout(gl.reshape(x, [XS_TILES, BK]), XC))
         gluon_w4._barrier()
-
-    @gluon.jit
-    def _fold_corrections(x, ki, FOLD: gl.constexpr):
-        """`[tiles, 128]` staged activations -> `[tiles, 2]`: (-C, -S) a tile, with S the
-        sum of its activations and C the sum weighted by each K row's decode bias
-        (`gluon_w4.FOLD_BIASES`: by the row's parity). A row's folded product is then
-        sum((bias + q) x) - C - z S = sum((q - z) x): `_tile` starts the MMA from -(C + z
-        S). Summed in float32 from the values the MMA reads."""
-        xf = x.to(gl.float32)
-        s = gl.sum(xf, axis=1)
-        if FOLD == 1:
-            even = (ki % 2 == 0)[None, :]
-            c = gl.sum(gl.where(even, xf * gluon_w4.FOLD1_EVEN, xf * gluon_w4.FOLD1_ODD),
-                       axis=1)
-        else:
-            c = s * gluon_w4.FOLD2_BIAS
-        return gl.join(-c, -s)
 
     @gluon.jit
     def _operand_b_paired(x, B_L: gl.constexpr):
@@ -179,16 +151,15 @@ if IMPORTED:
         return gl.convert_layout(x, B_L, assert_trivial=True)
 
     @gluon.jit
-    def _tile(words, scl, zps, full, xs, corr, xzero, t, st, ph, BLOCK_N: gl.constexpr,
-              HAS_ZERO: gl.constexpr, F16: gl.constexpr, FOLD: gl.constexpr,
+    def _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_ZERO: gl.constexpr, F16: gl.constexpr,
               MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, W_L: gl.constexpr,
               X_L: gl.constexpr, BOX_L: gl.constexpr, VEC_L: gl.constexpr):
-        """K tile t's operands, once its copies landed in ring slot `st` (phase `ph`): A
-        (the decoded words), B (the staged row's K tile), the float32 scales by MMA row
-        and the MMA's starting value (zero; with FOLD, minus each row's bias and
-        zero-point terms)."""
+        """K tile t's operands, once its copies landed: A (the decoded words), B (the
+        staged row's K tile) and the float32 scales by MMA row."""
         NB: gl.constexpr = BLOCK_N // BOX_N
-        mbarrier.wait(full.index(st), ph)
+        st = t % STAGES
+        mbarrier.wait(full.index(st), (t // STAGES) & 1)
         wb = words.index(st).load(BOX_L)                        # [(b, r), n]
         wb = gl.reshape(wb, [NB, 16, 2, 8, 2])                  # [b, r, wq, i, h]
         wb = gl.permute(wb, [0, 2, 4, 3, 1])                    # [b, wq, h, i, r]
@@ -198,51 +169,26 @@ if IMPORTED:
         if HAS_ZERO:
             z = _to_mma_rows(gl.reshape(zps.index(st).slice(0, 1).load(VEC_L), [BLOCK_N]),
                              BLOCK_N)
+            z = gl.convert_layout(z, gl.SliceLayout(1, W_L)).to(gl.int32)
         else:
             z = gl.full([BLOCK_N], 8, gl.int32, layout=gl.SliceLayout(1, W_L))
-        c0 = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
-        if FOLD:
-            a = gluon_w4._operand_a_fold(w, BLOCK_N, A_L, FOLD)
-            zf = gl.convert_layout(z, gl.SliceLayout(1, MMA)).to(gl.float32)
-            j = gl.join(gl.full_like(zf, 1.0), zf)              # [BLOCK_N, 2]: (1, z)
-            cv = corr.index(t).load(gl.SliceLayout(0, j.type.layout))   # (-C, -S), broadcast
-            negd = gl.sum(j * gl.expand_dims(cv, 0), axis=1)    # -C - z S, one FFMA a row
-            c0 = gl.broadcast(gl.convert_layout(negd, gl.SliceLayout(1, MMA))[:, None], c0)[0]
+        zz = gl.broadcast(w, gluon_w4._magic_bits(z, F16)[:, None])[1]
+        if F16:   # the FMA decode (9 instructions a word against 11); exact in fp16 only
+            zh = gl.broadcast(w, gluon_w4._fma_bits(z)[:, None])[1]
+            a = gluon_w4._operand_a_fma(w, zz, zh, BLOCK_N, A_L)
         else:
-            z = gl.convert_layout(z, gl.SliceLayout(1, W_L)).to(gl.int32)
-            zz = gl.broadcast(w, gluon_w4._magic_bits(z, F16)[:, None])[1]
-            if F16:   # the FMA decode (9 instructions a word against 11); exact in fp16 only
-                zh = gl.broadcast(w, gluon_w4._fma_bits(z)[:, None])[1]
-                a = gluon_w4._operand_a_fma(w, zz, zh, BLOCK_N, A_L)
-            else:
-                a = gluon_w4._operand_a(w, zz, BLOCK_N, A_L, F16)
+            a = gluon_w4._operand_a(w, zz, BLOCK_N, A_L, F16)
         x1 = xs.index(t).load(gl.SliceLayout(1, X_L))
         x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
-        return a, _operand_b_paired(x, B_L), s, c0
-
-    @gluon.jit
-    def _product(acc, words, scl, zps, full, empty, xs, corr, xzero, t, st, ph,
-                 BLOCK_N: gl.constexpr, HAS_ZERO: gl.constexpr, F16: gl.constexpr,
-                 FOLD: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
-                 W_L: gl.constexpr, X_L: gl.constexpr, BOX_L: gl.constexpr,
-                 VEC_L: gl.constexpr):
-        """`acc` plus K tile t's scaled product; the slot released after (each thread's
-        shared loads of it are then complete)."""
-        a, b, s, c0 = _tile(words, scl, zps, full, xs, corr, xzero, t, st, ph, BLOCK_N,
-                            HAS_ZERO, F16, FOLD, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
-        prod = gluon_w4.mma_v2(a, b, c0)
-        acc = acc + prod * s[:, None]
-        async_copy.mbarrier_arrive(empty.index(st), increment_count=False)
-        return acc
+        return a, _operand_b_paired(x, B_L), s
 
     @gluon.jit
     def _consume(x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full, empty, xs2,
-                 corr2, M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n, pid_s, splits,
+                 M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n, pid_s, splits,
                  HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
                  WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                  XS_TILES: gl.constexpr, ACT: gl.constexpr, SPLITS_PAD: gl.constexpr,
-                 FUSED: gl.constexpr, PDL: gl.constexpr, FOLD: gl.constexpr,
-                 UNROLL: gl.constexpr):
+                 FUSED: gl.constexpr, PDL: gl.constexpr):
         """The math warps: the row staged once, then each tile from its slot as soon as
         its copies land; every thread releases the slot after its product (the loads it
         read are then complete), WARPS x 32 arrivals a round."""
@@ -256,32 +202,20 @@ if IMPORTED:
         BOX_L: gl.constexpr = box_layout(NB, WARPS)
         VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
         gluon_w4.pdl_wait(PDL)
-        _stage_row_paired(xs2, corr2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT, FOLD)
+        _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
-        corr = gluon_w4._flat_view(corr2, XS_TILES if FOLD else 1, 2, gluon_w4.REINTERPRET)
         xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)
         m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         sn = n0 + 16 * (m // 16) + 2 * (m % 8) + (m % 16) // 8
         acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
         n_tiles = (k_end - k_start) // BK
-        if UNROLL:   # a round of STAGES tiles unrolled: slots and their addresses constant
-            rounds = n_tiles // STAGES
-            for r in range(rounds):
-                for st in gl.static_range(STAGES):
-                    acc = _product(acc, words, scl, zps, full, empty, xs, corr, xzero,
-                                   r * STAGES + st, st, r & 1, BLOCK_N, HAS_ZERO, F16, FOLD,
-                                   MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
-            for st in gl.static_range(STAGES):   # the last round's part
-                t = rounds * STAGES + st
-                if t < n_tiles:
-                    acc = _product(acc, words, scl, zps, full, empty, xs, corr, xzero, t, st,
-                                   rounds & 1, BLOCK_N, HAS_ZERO, F16, FOLD, MMA, A_L, B_L,
-                                   W_L, X_L, BOX_L, VEC_L)
-        else:
-            for t in range(n_tiles):
-                acc = _product(acc, words, scl, zps, full, empty, xs, corr, xzero, t,
-                               t % STAGES, (t // STAGES) & 1, BLOCK_N, HAS_ZERO, F16, FOLD,
-                               MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
+        for t in range(n_tiles):
+            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N, STAGES,
+                            HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
+            prod = gluon_w4.mma_v2(a, b, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
+                                                  layout=MMA))
+            acc = acc + prod * s[:, None]
+            async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
         gluon_w4._finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr,
                          stride_os, stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
 
@@ -293,15 +227,11 @@ if IMPORTED:
                             WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                             XS_TILES: gl.constexpr, ACT: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                            PDL: gl.constexpr, FOLD: gl.constexpr = 0,
-                            UNROLL: gl.constexpr = False):
+                            PDL: gl.constexpr):
         """One program: BLOCK_N (16 x WARPS) output columns over one K split, one input
         row (M = 1) staged in shared memory (XS_TILES: a power of two, at least the
         split's tiles); the weights through a ring of STAGES tiles (a split of at most
-        STAGES tiles is requested whole at the start). FOLD (fp16; 0 off, 1 or 2:
-        `gluon_w4._pair_asm_fold`'s forms): the words decode to `bias + q`, and each
-        tile's MMA starts from minus the row's bias and zero-point terms, computed from
-        the staged row once (`_fold_corrections`)."""
+        STAGES tiles is requested whole at the start)."""
         NB: gl.constexpr = BLOCK_N // BOX_N
         words = gl.allocate_shared_memory(gl.int32, [STAGES, NB * 16, BOX_N], w_desc.layout)
         # a TMA destination starts on 128 bytes: a tile's scales and zero points are
@@ -314,10 +244,6 @@ if IMPORTED:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         xs2 = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [XS_TILES, BK],
                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        # each tile's folded corrections (-C, -S) (without FOLD one unused pair)
-        CT: gl.constexpr = XS_TILES if FOLD else 1
-        corr2 = gl.allocate_shared_memory(gl.float32, [CT, 2],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=1)
             mbarrier.init(empty.index(i), count=WARPS * 32)
@@ -329,9 +255,9 @@ if IMPORTED:
         n0 = pid_n * BLOCK_N
         gl.warp_specialize(
             [(_consume, (x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full, empty,
-                         xs2, corr2, M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n,
-                         pid_s, splits, HAS_ZERO, HAS_BIAS, BLOCK_N, WARPS, F16, STAGES,
-                         XS_TILES, ACT, SPLITS_PAD, FUSED, PDL, FOLD, UNROLL)),
+                         xs2, M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n, pid_s,
+                         splits, HAS_ZERO, HAS_BIAS, BLOCK_N, WARPS, F16, STAGES, XS_TILES, ACT,
+                         SPLITS_PAD, FUSED, PDL)),
              (_produce, (w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end,
                          n0, GROUP, NB, HAS_ZERO, STAGES))],
             [1], [PRODUCER_REGS])

@@ -247,25 +247,6 @@ W4_CONFIG = {
     # the attention's grid has more than merge_max_splits (a block table wider than
     # 64 x that many tokens) the merge pass runs instead.
     "merge_stage": 0, "merge_max_splits": 32,
-    # The one-row TMA GEMV (gate_up, down): its math warps, not its copies, hold it
-    # above the read floor (BENCHMARKS.md, fifteenth session: gate_up 21 us against 17
-    # without the math), so two cuts in the instructions of its loop, each off until a
-    # GPU has measured it (built in the twentieth session without one). sm_90 SASS a K
-    # tile (Triton 3.6; gate_up / down): 142 / 130 as shipped.
-    # "fold": fp16 words decoded to `bias + q` (`gluon_w4._pair_asm_fold`), the bias
-    # and zero point taken off once a tile and row, as the MMA's starting value (0 off;
-    # 1: 5 instructions a word, 2: 7, against 9): 111 / 100 (fold 1), 126 / 114 (fold
-    # 2). Not the bits of fold 0 (the float32 sums carry the bias); the error stays ~20x
-    # below that of weights dequantized to fp16 (HF's and vLLM's arithmetic).
-    # "gemv_tma_unroll": the loop in whole rounds of the ring's slots, unrolled, so each
-    # slot's addresses and barriers are constants: 111 / 111 alone, 81 / 82 with fold 1
-    # (96 / 97 with fold 2).
-    # "fold_mma": the same decode in the register and ring kernels (qkv and o at one
-    # row, every layer at 2-8 rows), whose rows are not staged: a second MMA chain, of a
-    # constant operand, gives each tile's corrections (`gluon_w4._fold_start`). SASS a
-    # tile: 183 -> 161 (one row, qkv / o's plan), 175 -> 148 (2-7 rows, 3 deep); fold 2
-    # does not pay there (180).
-    "fold": 0, "gemv_tma_unroll": False, "fold_mma": 0,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -1031,16 +1012,14 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
-    fold_mma = cfg["fold_mma"] if x.dtype == torch.float16 else 0
     if plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
             STAGES=plan.stages, XS_TILES=plan.xs_tiles, ACT=act, maxnreg=plan.maxnreg,
-            FOLD=cfg["fold"] if x.dtype == torch.float16 else 0,
-            UNROLL=bool(cfg["gemv_tma_unroll"]), **common)
+            **common)
     elif plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
-                                                       FOLD=fold_mma, **common)
+                                                       **common)
     else:
         merge = {}
         if parts is not None:
@@ -1049,7 +1028,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                          MERGE_SPLITS_PAD=triton.next_power_of_2(parts.plan.splits))
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, FOLD=fold_mma, **merge, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **merge, **common)
     return o.result(splits, bias, x.dtype)
 
 

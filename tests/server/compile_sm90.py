@@ -475,19 +475,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
-               "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]}),
-               # W4_CONFIG "fold_mma" (off until measured): fp16 folded, bf16 as ever
-               "registers folded": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0,
-                                                             "FOLD": 1}),
-               "rows deep folded": (gw._w4_gemv_mma_kernel,
-                                    {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
-                                     "XS_TILES": 0, "FOLD": 1}),
-               "one row merged folded": (gw._w4_gemv_mma_kernel,
-                                         {**pre, "DEPTH": 1, "XS_TILES": 2, "FOLD": 1,
-                                          "MERGE": w4["merge_stage"] or 8,
-                                          "MERGE_SPLITS_PAD": 32}),
-               "ring folded": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"],
-                                                         "FOLD": 1})}
+               "ring": (gw._w4_gemv_ring_kernel, {"STAGES": w4["gemv_mma_stages"]})}
     got = {}
     for (kind, (fn, own)), (dt, zero, fused) in itertools.product(
             kernels.items(), (("fp16", True, True), ("bf16", False, False))):
@@ -499,8 +487,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                 "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
-              "PDL": 1, "FOLD": 0, **own}
-        cx["FOLD"] = cx["FOLD"] if dt == "fp16" else 0    # bf16 is never folded
+              "PDL": 1, **own}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
             ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
@@ -515,15 +502,11 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         got[kind, dt] = (int(regs.group(1)) if regs else -1,
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
-                         bool(copies) == (kind in ("ring", "one row", "ring folded"))
-                         and bool(exps) == (kind in ("one row silu", "one row merged",
-                                                     "one row merged folded"))
-                         # folded: no packed subtraction left in the decode
-                         and ("sub.rn.f16x2" in ptx) == (dt == "fp16" and not cx["FOLD"]))
+                         bool(copies) == (kind in ("ring", "one row"))
+                         and bool(exps) == (kind in ("one row silu", "one row merged")))
     # the merging o GEMV must keep the register kernel's programs an SM (its plan's aim)
     merged_cap = 65536 // (warps * 32 * w4["gemv_mma_programs_per_sm"])
-    if any(r < 0 or r > 96 or sp or not mma or not cp
-           or (k.startswith("one row merged") and r > merged_cap)
+    if any(r < 0 or r > 96 or sp or not mma or not cp or (k == "one row merged" and r > merged_cap)
            for (k, _), (r, sp, mma, cp) in got.items()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
@@ -540,9 +523,7 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     mbarriers, the MMAs are mma.sync m16n8k16 with every operand built in registers
     (`assert_trivial` layouts), fp16 decodes by the packed-FMA form (bf16 cannot), the
     SiLU's exponential only where it is due, and ptxas spills nothing within the plan's
-    register cap. The same for the cuts not yet switched on (`W4_CONFIG` "fold": no
-    packed subtraction or FMA left in the decode; "gemv_tma_unroll": a wait of its own
-    for every ring slot)."""
+    register cap."""
     import re
 
     name = "w4 GEMV, Gluon TMA: weights by TMA, MMA operands in registers, no spills"
@@ -553,15 +534,8 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     fn = gt._w4_gemv_tma_kernel
     got = {}
-    shipped = [(cls, dt, zero, fused, w4["fold"] if dt == "fp16" else 0, w4["gemv_tma_unroll"])
-               for cls, (dt, zero, fused) in itertools.product(
-                   ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False)))]
-    # the switched-off cuts in the loop's instructions (W4_CONFIG "fold",
-    # "gemv_tma_unroll"): each form, zero points or none, fused split-K or not
-    trials = [("unsplit", "fp16", True, True, 1, True), ("unsplit", "fp16", True, True, 2, True),
-              ("unsplit", "fp16", True, True, 1, False), ("unsplit", "fp16", True, True, 0, True),
-              ("deep", "fp16", False, False, 1, True), ("deep", "fp16", True, True, 2, False)]
-    for cls, dt, zero, fused, fold, unroll in shipped + [c for c in trials if c not in shipped]:
+    for cls, (dt, zero, fused) in itertools.product(
+            ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False))):
         t = w4["gemv_mma_one_row"][cls]["tma"]
         plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
         nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
@@ -576,7 +550,7 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
-              "PDL": 1, "FOLD": fold, "UNROLL": unroll}
+              "PDL": 1}
         aligned = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
                    "stride_om", "k_per_split"]
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
@@ -585,7 +559,7 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
             ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
                                        {"num_warps": warps, "maxnreg": plan.maxnreg})
         except Exception as e:   # noqa: BLE001 - reported like the others
-            print(f"FAILED {name} ({cls}, {dt}, fold {fold}, unroll {unroll}): {e!r}"[:2000])
+            print(f"FAILED {name} ({cls}, {dt}): {e!r}"[:2000])
             return False
         regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
         spills = re.search(r"(\d+) bytes spill stores", log)
@@ -594,13 +568,9 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
               and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
               and "mbarrier.try_wait" in ptx
               and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx))
-              and ("fma.rn.f16x2" in ptx) == (dt == "fp16" and not fold)
-              and ("sub.rn.f16x2" in ptx) == (dt == "fp16" and not fold)
-              and ("0x54005400" in ptx) == bool(fold)
-              and ("ex2.approx" in ptx) == (cls == "deep")
-              # unrolled: each slot's wait its own code (a wait a slot, a loop's own)
-              and (len(re.findall(r"mbarrier\.try_wait", ptx)) > plan.stages) == unroll)
-        got[cls, dt, zero, fold, unroll] = (max(regs) if regs else -1, ok)
+              and ("fma.rn.f16x2" in ptx) == (dt == "fp16")
+              and ("ex2.approx" in ptx) == (cls == "deep"))
+        got[cls, dt] = (max(regs) if regs else -1, ok)
     if not all(ok for _, ok in got.values()):
         print(f"FAILED {name}: (registers, checks) {got}")
         return False

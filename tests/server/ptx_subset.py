@@ -1,5 +1,5 @@
 """A small emulator of the PTX instructions the w4 decodes' inline assembly uses
-(`server/ops/gluon_w4.py`: `_pair_asm`, `_pair_asm_fma`, `_pair_asm_fold`), so that the
+(`server/ops/gluon_w4.py`: `_pair_asm`, `_pair_asm_fma`), so that the
 CPU tests can run those strings: Gluon kernels do not run under TRITON_INTERPRET, and
 before this the strings were only ever checked on a GPU.
 
