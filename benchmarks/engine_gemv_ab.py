@@ -141,6 +141,10 @@ def _apply(variant: dict, shipped: dict) -> None:
         if bad:
             raise SystemExit(f"{name} has no keys {sorted(bad)}")
         cfg.update(variant.get(name, {}))
+    from pagefleet.server.ops import triton_quant
+    errors = triton_quant.plan_key_errors(triton_quant.W4_CONFIG)
+    if errors:   # else the variant would time the shipped kernel under its own name
+        raise SystemExit(f"variant {json.dumps(variant)[:200]}: {'; '.join(errors)}")
 
 
 def _decode_state(llm, batch: int, prompt_len: int, seed: int) -> list[str]:

@@ -45,6 +45,9 @@ def main() -> int:
     torch.manual_seed(0)
     cfg = tq.W4_CONFIG
     shipped = {**cfg, **json.loads(os.environ.get("GEMV_MMA_CONFIG") or "{}")}
+    if errors := tq.plan_key_errors(shipped):   # a key no plan reads: nothing it names runs
+        print(f"GEMV_MMA_CONFIG: {'; '.join(errors)}")
+        return 1
     # (N, K, groups): one group a column at a few shapes only (each K compiles anew)
     shapes = [(4608, 3584, (128,)), (3584, 3584, (128, 3584)), (37888, 3584, (128,)),
               (3584, 18944, (128,)), (64, 128, (128,)), (192, 384, (128, 384)),

@@ -360,6 +360,8 @@ def engine_phase(fmt: str):
         from pagefleet.server.ops import triton_attention as ta
         if not args.no_tuned:
             tq.W4_CONFIG.update(t.get("W4_CONFIG", {}))
+            if errors := tq.plan_key_errors(tq.W4_CONFIG):
+                raise SystemExit(f"tuned W4_CONFIG: {'; '.join(errors)}")
             tq.FP8_CONFIG.update(t.get("FP8_CONFIG", {}))
             ta.DECODE_CONFIG.update(t.get("DECODE_CONFIG", {}))   # --tuned only: not swept here
         res["W4_CONFIG"], res["FP8_CONFIG"] = dict(tq.W4_CONFIG), dict(tq.FP8_CONFIG)

@@ -893,6 +893,31 @@ class MmaPlan(NamedTuple):
     maxnreg: int = 0  # the TMA kernel's register cap
 
 
+# The keys a layer class's plan may carry (W4_CONFIG "gemv_mma_one_row" / "gemv_mma_rows")
+# and its "tma" plan. `mma_plan` reads only these, so a benchmark variant naming another
+# (a saved patch's key with the patch not applied) would time the shipped kernel under
+# the variant's name; the benchmarks refuse such variants (`plan_key_errors`).
+PLAN_CLASSES = frozenset({"unsplit", "deep", "other"})
+CLASS_PLAN_KEYS = frozenset({"xsmem", "depth", "programs_per_sm", "tma"})
+TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles"})
+
+
+def plan_key_errors(cfg: dict) -> list[str]:
+    """The classes and plan keys in `cfg`'s class tables that `mma_plan` would not read,
+    one 'where: what' line each (none for the shipped W4_CONFIG)."""
+    errors = []
+    for table in ("gemv_mma_one_row", "gemv_mma_rows"):
+        for cls, over in cfg.get(table, {}).items():
+            where = f"{table}.{cls}"
+            if cls not in PLAN_CLASSES:
+                errors.append(f"{table}: unknown class {cls!r}")
+            errors += [f"{where}: unknown key {key!r}"
+                       for key in sorted(set(over) - CLASS_PLAN_KEYS)]
+            errors += [f"{where}.tma: unknown key {key!r}"
+                       for key in sorted(set(over.get("tma", {})) - TMA_PLAN_KEYS)]
+    return errors
+
+
 def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> MmaPlan:
     """The Gluon GEMV's launch for `m` rows of an (N, K) layer on `sms` multiprocessors:
     the split-K target, and at one row the overrides of the layer's class

@@ -291,6 +291,28 @@ def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
     assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 4
 
 
+def test_plan_keys_no_plan_reads_are_named():
+    """`plan_key_errors`: the shipped class tables carry only keys `mma_plan` reads, and
+    a misspelt key, a saved patch's key without the patch ("smem_ahead") or an unknown
+    class is named, so the benchmarks refuse such a variant instead of timing the
+    shipped kernel under its name (the twenty-first session's A/B first ran so)."""
+    import copy
+
+    from pagefleet.server.ops import triton_quant as tq
+    assert tq.plan_key_errors(tq.W4_CONFIG) == []
+    one_row = copy.deepcopy(tq.W4_CONFIG["gemv_mma_one_row"])
+    one_row["unsplit"]["tma"]["stagse"] = 8
+    one_row["deep"]["depht"] = 3
+    one_row["unspilt"] = {"tma": {"stages": 6, "maxnreg": 48}}
+    rows = {"unsplit": {"depth": 3, "tma": {"stages": 2, "maxnreg": 48, "smem_ahead": True}}}
+    assert tq.plan_key_errors({**tq.W4_CONFIG, "gemv_mma_one_row": one_row,
+                               "gemv_mma_rows": rows}) == [
+        "gemv_mma_one_row.unsplit.tma: unknown key 'stagse'",
+        "gemv_mma_one_row.deep: unknown key 'depht'",
+        "gemv_mma_one_row: unknown class 'unspilt'",
+        "gemv_mma_rows.unsplit.tma: unknown key 'smem_ahead'"]
+
+
 def _tma_layer(n: int = 4608, k: int = 3584):
     import torch
     return (torch.zeros(k // 8, n, dtype=torch.int32), torch.ones(k // 128, n, dtype=torch.float16),
