@@ -58,7 +58,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from compile_sm90 import signature  # noqa: E402
+from compile_sm90 import TMA_GEMV_ALIGNED, signature, tma_gemv_types  # noqa: E402
 
 from pagefleet.server.ops import gluon_w4  # noqa: E402
 from pagefleet.server.ops import triton_quant as tq  # noqa: E402
@@ -138,15 +138,7 @@ def gluon_tile_cases() -> dict:
     from pagefleet.server.ops import gluon_w4_tma as gt
     w4 = tq.W4_CONFIG
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
-    nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
-             "transposed=False, fp4_padded=False, cga_layout=[])")
-    tma_ptrs = {"x_ptr": "*fp16", "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16",
-                "cnt_ptr": "*i32",
-                "w_desc": f"tensordesc<i32[16, 32],{nvmma.format(128, 32)}>",
-                "s_desc": f"tensordesc<fp16[1, {bn}],{nvmma.format(0, 16)}>",
-                "z_desc": f"tensordesc<u8[1, {bn}],{nvmma.format(0, 8)}>"}
-    tma_aligned = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
-                   "stride_om", "k_per_split"]
+    tma_ptrs = tma_gemv_types("fp16", bn, True)
     cases = {}
     for cls, k in (("unsplit", 3584), ("deep", 18944)):
         plan = tq._tma_plan(k, w4["gemv_mma_one_row"][cls]["tma"], w4)
@@ -154,7 +146,7 @@ def gluon_tile_cases() -> dict:
               "WARPS": warps, "F16": True, "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4, "FUSED": True, "PDL": 1}
         name = f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s plan"
-        cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, tma_aligned,
+        cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, TMA_GEMV_ALIGNED,
                        {"maxnreg": plan.maxnreg}, 1)
     reg_ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
                 "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32",

@@ -515,6 +515,26 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     return True
 
 
+# The TMA GEMV's arguments as a real launch types them: its activations, outputs and
+# counters as pointers, the words, scales and zero points as TMA descriptors
+# (`gluon_w4_tma.descriptors`), and the arguments Triton specializes as multiples of 16.
+TMA_GEMV_ALIGNED = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
+                    "stride_om", "k_per_split"]
+
+
+def tma_gemv_types(dt: str, bn: int, zero: bool) -> dict[str, str]:
+    """The TMA GEMV's pointer and descriptor types for `dt` ("fp16" or "bf16")
+    activations, `bn`-column tiles, uint8 zero points or none (the scales stand in)."""
+    nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
+             "transposed=False, fp4_padded=False, cga_layout=[])")
+    return {"x_ptr": f"*{dt}", "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}",
+            "cnt_ptr": "*i32",
+            "w_desc": f"tensordesc<i32[16, 32],{nvmma.format(128, 32)}>",
+            "s_desc": f"tensordesc<{dt}[1, {bn}],{nvmma.format(0, 16)}>",
+            "z_desc": (f"tensordesc<u8[1, {bn}],{nvmma.format(0, 8)}>" if zero else
+                       f"tensordesc<{dt}[1, {bn}],{nvmma.format(0, 16)}>")}
+
+
 def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     """The one-row TMA GEMV (ops/gluon_w4_tma.py) at the shipped plans of its layer
     classes (gate_up unsplit, down in splits with the SiLU computed as it stages the row)
@@ -538,22 +558,12 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
             ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False))):
         t = w4["gemv_mma_one_row"][cls]["tma"]
         plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
-        nvmma = ("NVMMASharedLayout(swizzle_byte_width={}, element_bitwidth={}, rank=2, "
-                 "transposed=False, fp4_padded=False, cga_layout=[])")
-        sdt = "fp16" if dt == "fp16" else "bf16"
-        ptrs = {"x_ptr": f"*{dt}", "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}",
-                "cnt_ptr": "*i32",
-                "w_desc": f"tensordesc<i32[16, 32],{nvmma.format(128, 32)}>",
-                "s_desc": f"tensordesc<{sdt}[1, {bn}],{nvmma.format(0, 16)}>",
-                "z_desc": (f"tensordesc<u8[1, {bn}],{nvmma.format(0, 8)}>" if zero else
-                           f"tensordesc<{sdt}[1, {bn}],{nvmma.format(0, 16)}>")}
+        ptrs = tma_gemv_types(dt, bn, zero)
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
               "PDL": 1}
-        aligned = ["x_ptr", "part_ptr", "res_ptr", "N", "K", "stride_xm", "stride_os",
-                   "stride_om", "k_per_split"]
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in TMA_GEMV_ALIGNED}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
             ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
