@@ -136,3 +136,68 @@ def test_o_projection_merging_the_attention_splits_keeps_the_tokens(tmp_path):
             assert any(seen), "no decode step handed its splits to the o projection"
         else:   # act-order never takes them: its column gather needs the merged row
             assert not any(seen)
+
+
+@pytest.mark.usefixtures("quant_tiles", "attention_tiles")
+def test_projections_adding_the_residual_and_taking_the_norm_keep_the_tokens(tmp_path):
+    """At one decode row the 4-bit o and down projections add their output into the
+    residual stream and leave its block sums of squares, and q/k/v and gate_up apply the
+    next RMSNorm from those sums (`Ops.w4a16_linear_add` / `w4a16_normed_linear`: what
+    the one-row Gluon GEMVs do on sm_90 with W4_CONFIG["norm_stage"]; here their torch
+    twins, the oracle the GPU check holds the kernels to). Two layers, B=1 and B=2 steps
+    and the o projection given the attention's splits: the same greedy tokens, and
+    logprobs within float32 rounding of the layer adding and norming as HF does, for
+    AWQ; act-order GPTQ keeps its path (its gather needs the input's columns)."""
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.ops import quant, triton_attention
+    from pagefleet.server.ops.triton_ops import TritonOps
+    from pagefleet.server.testing import build_tiny_model
+    from pagefleet.server.testing_quant import quantize_checkpoint
+    from tests.server.helpers import random_prompts
+
+    used = {"add": 0, "normed": 0, "parts": 0}
+
+    def linear_add(x, residual, *args, **kw):
+        if isinstance(x, triton_attention.DecodeParts):
+            used["parts"] += 1
+            x = triton_attention.merge_decode_parts(x).reshape(residual.shape[0], -1)
+        s = quant.w4a16_linear_add(x, residual, *args, **kw)
+        used["add"] += s is not None
+        return s
+
+    def normed_linear(s, *args, **kw):
+        used["normed"] += 1
+        return quant.w4a16_normed_linear(s, *args, **kw)
+
+    class SummedOps(TritonOps):
+        w4a16_takes_attention = staticmethod(lambda *a: True)
+        w4a16_linear_add = staticmethod(linear_add)
+        w4a16_normed_linear = staticmethod(normed_linear)
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", hidden_size=64, num_layers=2,
+                           num_heads=2, num_kv_heads=1, vocab_size=300)
+    prompts = random_prompts(7, [40, 12, 30], 290)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=5)
+              for n in (7, 3, 5)]   # rows finish apart: B=2 steps, then B=1
+    for fmt, kw in (("awq", dict(group_size=32)), ("gptq", dict(group_size=32, desc_act=True))):
+        q = quantize_checkpoint(src, tmp_path / fmt, fmt, **kw)
+        outs = {}
+        for name, ops in (("triton", TritonOps), ("summed", SummedOps)):
+            used.update(add=0, normed=0, parts=0)
+            llm = LLM(q, max_model_len=128, max_num_seqs=2, enforce_eager=True)
+            llm.engine.runner.set_ops(ops)
+            outs[name] = [o.outputs[0] for o in llm.generate(prompts, params)]
+            llm.engine.kv.check_whole()
+        assert ([o.token_ids for o in outs["summed"]]
+                == [o.token_ids for o in outs["triton"]]), fmt
+        for a, b in zip(outs["summed"], outs["triton"]):
+            for la, lb in zip(a.logprobs, b.logprobs):
+                assert la.keys() == lb.keys()
+                assert all(abs(la[t] - lb[t]) < 1e-4 for t in la), fmt
+        if fmt == "awq":
+            # every B=1 decode step: o and down of both layers add, the next three norms
+            # are taken by q/k/v and gate_up (the first layer's input norm stays a pass)
+            assert used["add"] > 0 and used["parts"] > 0
+            assert used["normed"] * 4 == used["add"] * 3
+        else:
+            assert used["add"] == 0 and used["normed"] == 0
