@@ -51,14 +51,16 @@ OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 AWQ_DIR = os.environ.get("PAGEFLEET_BENCH_AWQ") or next(
     (d for d in ("/dev/shm/qwen2.5-7b-random-awq", "/tmp/qwen2.5-7b-random-awq")
      if Path(d, "config.json").exists()), "/tmp/qwen2.5-7b-random-awq")
-CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG", "ROTARY_CONFIG")
+CONFIGS = ("W4_CONFIG", "FP8_CONFIG", "DECODE_CONFIG", "ROTARY_CONFIG", "NORM_CONFIG")
 
 
 def _config_dicts() -> dict:
-    from pagefleet.server.ops import triton_attention, triton_quant, triton_rotary
+    from pagefleet.server.ops import (triton_attention, triton_layernorm, triton_quant,
+                                      triton_rotary)
     return {"W4_CONFIG": triton_quant.W4_CONFIG, "FP8_CONFIG": triton_quant.FP8_CONFIG,
             "DECODE_CONFIG": triton_attention.DECODE_CONFIG,
-            "ROTARY_CONFIG": triton_rotary.ROTARY_CONFIG}
+            "ROTARY_CONFIG": triton_rotary.ROTARY_CONFIG,
+            "NORM_CONFIG": triton_layernorm.NORM_CONFIG}
 
 
 _PROCESS: dict = {}   # the process's PDL mode and eager roles, read before any variant

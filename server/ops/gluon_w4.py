@@ -435,7 +435,8 @@ if IMPORTED:
                             MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1,
                             RESID: gl.constexpr = False, rsd_ptr=None, ss_ptr=None,
                             NORM: gl.constexpr = False, nw_ptr=None, ssin_ptr=None, nss=1,
-                            eps=0.0, NSS_PAD: gl.constexpr = 1):
+                            eps=0.0, NSS_PAD: gl.constexpr = 1,
+                            BIAS_EARLY: gl.constexpr = False):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -464,7 +465,10 @@ if IMPORTED:
         (ssin_ptr, nss of them) that the projection that wrote the row left
         (`_rms_normed`): the norm kernel before the GEMV left out.
         RESID (one row, unsplit or FUSED): the output is rsd_ptr's row plus the product,
-        each tile's sum of squares written to ss_ptr (`_finish`), for the next NORM."""
+        each tile's sum of squares written to ss_ptr (`_finish`), for the next NORM.
+        BIAS_EARLY (with HAS_BIAS): the bias read before the PDL wait (a weight: at one
+        row a DRAM miss each step, which the tile's last program otherwise waits for
+        after its sum)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -494,6 +498,9 @@ if IMPORTED:
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
         last_k = k_end - BK
+        bias0 = None
+        if BIAS_EARLY:
+            bias0 = gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)
         if PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
@@ -540,7 +547,8 @@ if IMPORTED:
                                              gl.minimum(k0 + 5 * BK, last_k), k_start, N,
                                              GROUP, HAS_ZERO)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
-                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, RESID, rsd_ptr, ss_ptr)
+                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, RESID, rsd_ptr, ss_ptr,
+                BIAS_EARLY, bias0)
 
     @gluon.jit
     def _first_tiles(w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP: gl.constexpr,
@@ -575,12 +583,13 @@ if IMPORTED:
     def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS: gl.constexpr, SPLITS_PAD: gl.constexpr,
                 FUSED: gl.constexpr, MMA: gl.constexpr, RESID: gl.constexpr = False,
-                rsd_ptr=None, ss_ptr=None):
+                rsd_ptr=None, ss_ptr=None, BIAS_EARLY: gl.constexpr = False, bias0=None):
         """The result: stored, or this split's partial and the tile's last program sums.
         RESID (one row, the result stored by one program: unsplit or FUSED): the result
         is the residual stream's next value, `rsd_ptr`'s row plus the product, rounded
         where `triton_layernorm`'s add rounds, and the tile's sum of its squares goes to
-        `ss_ptr[pid_n]` for the next norm (`_rms_normed`)."""
+        `ss_ptr[pid_n]` for the next norm (`_rms_normed`). BIAS_EARLY: the bias is
+        `bias0`, read by the caller before its wait."""
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
         mask = (om < M)[None, :] & (sn < N)[:, None]
         offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
@@ -597,16 +606,25 @@ if IMPORTED:
                                 cache_modifier=".cg")
                     tot = gl.where(live, tot + p, tot)
                 if HAS_BIAS:
-                    tot += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
+                    tot += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
                 _store_result(tot, res_ptr + offs, mask, offs, rsd_ptr, ss_ptr, pid_n, RESID)
         else:
             if HAS_BIAS:
-                acc += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
+                acc += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
             base = pid_s.to(gl.int64) * stride_os + offs
             if RESID:
                 _store_result(acc, part_ptr + base, mask, offs, rsd_ptr, ss_ptr, pid_n, True)
             else:
                 gl.store(part_ptr + base, acc.to(part_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _bias(b_ptr, sn, N, BIAS_EARLY: gl.constexpr, bias0):
+        """The tile's bias as float32: read ahead (bias0) or here."""
+        if BIAS_EARLY:
+            b = bias0
+        else:
+            b = gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)
+        return b
 
     @gluon.jit
     def _store_result(tot, out_ptrs, mask, offs, rsd_ptr, ss_ptr, pid_n,

@@ -14,16 +14,29 @@ import triton.language as tl
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 
 
+# "weight_early": the kernel reads the norm's weight before its PDL wait. At one decode
+# row the weight is a DRAM miss every step (the step's weights stream through L2
+# between two reads of it), and read after the wait its latency follows the row's
+# loads; before it, it hides under the kernel before's tail.
+NORM_CONFIG = {"weight_early": False}
+# What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
+# the norm's weight, which no kernel of the forward writes.
+EARLY_READS = {"_rms_norm_kernel": ("w_ptr",)}
+
+
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, n_inner,
                      stride_x0, stride_x1, stride_r0, stride_r1, N: tl.constexpr,
-                     BLOCK: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK: tl.constexpr, ADD: tl.constexpr, EARLY: tl.constexpr,
+                     PDL: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    if EARLY:   # the weight before the wait (NORM_CONFIG)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     row = tl.program_id(0)
     outer = row // n_inner
     inner = row % n_inner
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
     x = tl.load(x_ptr + outer.to(tl.int64) * stride_x0 + inner * stride_x1 + cols, mask=mask,
                 other=0.0)
     if ADD:
@@ -34,7 +47,8 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, n_inner,
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, 0) / N
     y = (xf * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not EARLY:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row.to(tl.int64) * N + cols, (w * y).to(out_ptr.dtype.element_ty),
              mask=mask)
 
@@ -63,7 +77,8 @@ def _launch(x, residual, weight, eps, add):
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(rows,)](
             x, residual if add else x, weight, out, res_out, float(eps), n_inner, s0, s1, r0, r1,
-            N=n, BLOCK=block, ADD=add, num_warps=min(max(block // 512, 1), 8),
+            N=n, BLOCK=block, ADD=add, EARLY=bool(NORM_CONFIG["weight_early"]),
+            num_warps=min(max(block // 512, 1), 8),
             **launch_opts("rmsnorm"))
     return out, res_out
 

@@ -18,6 +18,7 @@ from pagefleet.server.ops import gluon_attention as ga
 from pagefleet.server.ops import gluon_w4 as gw
 from pagefleet.server.ops import gluon_w4_tma as gt
 from pagefleet.server.ops import triton_attention as ta
+from pagefleet.server.ops import triton_layernorm as tln
 from pagefleet.server.ops import triton_logits as tlg
 from pagefleet.server.ops import triton_quant as tq
 from pagefleet.server.ops import triton_rotary as tr
@@ -227,8 +228,9 @@ def main() -> int:
 
 def step_inputs_read_before_the_wait(target, dec: dict, dec_cx: dict, dc: dict, rope: dict,
                                      rope_cx: dict) -> bool:
-    """The decode attention (DECODE_CONFIG["kv_early"]) and the rotary + KV write
-    (ROTARY_CONFIG["inputs_early"]) issue the reads that do not depend on the kernel
+    """The decode attention (DECODE_CONFIG["kv_early"]), the rotary + KV write
+    (ROTARY_CONFIG["inputs_early"]) and the RMSNorm with its weight early
+    (NORM_CONFIG["weight_early"]) issue the reads that do not depend on the kernel
     before them ahead of griddepcontrol.wait: in their PTX some global load comes before
     the wait (the attention's: the context length, the page id, the first K/V tile), and
     the wait still comes before the loads of what that kernel writes."""
@@ -236,7 +238,13 @@ def step_inputs_read_before_the_wait(target, dec: dict, dec_cx: dict, dc: dict, 
     name = "step inputs and cached keys read before the PDL wait"
     cases = {"decode attention": (ta._decode_kernel, dec, {**dec_cx, "DIRECT": False},
                                   dc["num_warps"], dc["num_stages"]),
-             "rotary + KV write": (tr._rotary_store_kernel, rope, rope_cx, 4, 2)}
+             "rotary + KV write": (tr._rotary_store_kernel, rope, rope_cx, 4, 2),
+             # the norm's weight (NORM_CONFIG["weight_early"]), Qwen2.5-7B's row
+             "add + rmsnorm, weight early": (
+                 tln._rms_norm_kernel, {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16",
+                                        "out_ptr": "*bf16", "res_out_ptr": "*bf16",
+                                        "eps": "fp32"},
+                 {"N": 3584, "BLOCK": 4096, "ADD": True, "EARLY": True}, 8, 1)}
     seen = {}
     try:
         for key, (fn, ptrs, cx, warps, stages) in cases.items():
@@ -459,7 +467,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     # (every constexpr named: one left out of the signature compiles as an argument)
     pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1,
-           "RESID": False, "NORM": False, "NSS_PAD": 1}
+           "RESID": False, "NORM": False, "NSS_PAD": 1, "BIAS_EARLY": False}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
@@ -478,6 +486,10 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                # output, merged or not (norm_stage)
                "one row norm": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 4,
                                                          "NORM": True, "NSS_PAD": 64}),
+               # q/k/v's bias read before the PDL wait (gemv_bias_early)
+               "registers bias early": (gw._w4_gemv_mma_kernel,
+                                        {**pre, "DEPTH": 1, "XS_TILES": 0,
+                                         "BIAS_EARLY": True}),
                "registers resid": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1,
                                                             "XS_TILES": 0, "RESID": True}),
                "one row merged resid": (gw._w4_gemv_mma_kernel,
