@@ -20,9 +20,7 @@ of weights in flight (`triton_quant.mma_plan`), or for gate_up and down the TMA 
 the TMA kernel with its ring refilled, odd splits and one-tile splits); the down
 projection's SiLU-and-mul taken into the staging must give the bits of the SiLU kernel
 then the GEMV; the o projection merging the decode attention's splits as it stages its
-row must match the merge pass then the GEMV; with norm_stage, the projections adding
-the residual into their output and taking the RMSNorm as they stage their row must
-match the kernels they replace (`_norm_cases`).
+row must match the merge pass then the GEMV.
 GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys
 over the shipped ones (a variant checked before it ships).
 """
@@ -153,7 +151,6 @@ def main() -> int:
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     failures += _silu_cases(tq, shipped, shapes, rows)
     failures += _merge_cases(tq, shipped, rows)
-    failures += _norm_cases(tq, shipped, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -290,117 +287,6 @@ def _merge_cases(tq, shipped: dict, rows: list) -> int:
     print(f"attention splits merged in the o GEMV: {served} of 60 cases served, "
           f"{failures} failures")
     return failures + (served == 0)
-
-
-def _norm_cases(tq, shipped: dict, rows: list) -> int:
-    """W4_CONFIG["norm_stage"]: the projections that add into the residual stream at one
-    row (`w4a16_linear_add`: o plain and merging the attention's splits, down with the
-    SiLU) against the GEMV they replace then torch's add, and the ones that take the
-    next norm as they stage their row (`w4a16_normed_linear`: q/k/v, gate_up, o's shape)
-    against the RMSNorm kernel then the GEMV; Qwen2.5-7B's shapes and two small ones,
-    fp16 and bf16, zero points or none, a bias or none. The added row must be the same
-    bits and its block sums within 1e-5 of `layernorm.add_summed`'s; the normed
-    projection within 1e-3 (relative) of the two kernels (the row's sum of squares is
-    taken in another order, so the norm's scale can differ in its last bit); each call
-    must have served, and a graph of each replayed must equal it eager."""
-    import torch
-
-    from pagefleet.server.ops import layernorm, triton_layernorm
-    from pagefleet.server.ops import triton_attention as ta
-    cfg = tq.W4_CONFIG
-    failures = served = total = 0
-    shapes = [("qkv", 4608, 3584), ("o", 3584, 3584), ("gate_up", 37888, 3584),
-              ("down", 3584, 18944), ("small", 192, 384), ("small", 128, 1280)]
-
-    def graph_equal(fn, eager) -> bool:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = fn()
-        g.replay()
-        torch.cuda.synchronize()
-        a, b = (out.row, eager.row) if isinstance(out, layernorm.SummedRow) else (out, eager)
-        return bool(torch.equal(a, b))
-
-    for (role, n, k), dtype, zero, with_bias in itertools.product(
-            shapes, (torch.float16, torch.bfloat16), (True, False), (False, True)):
-        cfg.clear()
-        cfg.update({**shipped, "norm_stage": True, "merge_stage": shipped["merge_stage"] or 8})
-        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
-        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if with_bias else None
-        # the residual add: o's and down's roles (and every shape as plain)
-        r = torch.randn(1, n, device="cuda", dtype=dtype) * 4
-        x = torch.randn(1, k, device="cuda", dtype=dtype) * 3
-        cases = [("add", lambda: tq.w4a16_linear_add(x, r, qw, s, z, 128, b),
-                  lambda: tq.w4a16_linear(x, qw, s, z, 128, b))]
-        if role == "down":
-            x2 = torch.randn(1, 2 * k, device="cuda", dtype=dtype) * 3
-            cases.append(("add silu",
-                          lambda: tq.w4a16_linear_add(x2, r, qw, s, z, 128, b, act=True),
-                          lambda: tq.w4a16_silu_linear(x2, qw, s, z, 128, b)))
-        if role == "o":
-            heads, kv_heads, hd, bs, width = 28, 4, 128, 16, 2048
-            kc = torch.randn(width // bs, bs, kv_heads, hd, device="cuda", dtype=dtype)
-            vc = torch.randn(width // bs, bs, kv_heads, hd, device="cuda", dtype=dtype)
-            table = torch.arange(width // bs, device="cuda", dtype=torch.int32)[None]
-            lens = torch.tensor([1026], device="cuda", dtype=torch.int32)
-            q = torch.randn(1, heads, hd, device="cuda", dtype=dtype)
-
-            def parts():
-                return ta.paged_decode_attention_parts(q, kc, vc, table, lens, hd ** -0.5)
-
-            cases.append(("add merged",
-                          lambda: tq.w4a16_linear_add(parts(), r, qw, s, z, 128, b),
-                          lambda: tq.w4a16_attention_linear(parts(), qw, s, z, 128, b)))
-        for kind, fused_fn, two_fn in cases:
-            got, y = fused_fn(), two_fn()
-            total += 1
-            if got is None:
-                ok, detail = False, {"served": False}
-            else:
-                served += 1
-                want = layernorm.add_summed(y, r)
-                sums_err = ((got.sums - want.sums).abs().max() / want.sums.abs().max()).item()
-                same = bool(torch.equal(got.row, want.row))
-                geq = graph_equal(fused_fn, got)
-                ok = same and sums_err <= 1e-5 and geq
-                detail = {"served": True, "row_equal": same, "sums_rel_err": sums_err,
-                          "graph_equal": geq}
-            failures += not ok
-            rows.append({"norm_stage": kind, "role": role, "n": n, "k": k,
-                         "dtype": str(dtype), "zeros": zero, "bias": with_bias, **detail,
-                         "ok": ok})
-            if not ok:
-                print("FAILED", json.dumps(rows[-1]))
-        # the norm taken as the row is staged: q/k/v's, gate_up's and o's shapes
-        if role in ("qkv", "gate_up", "o", "small"):
-            row0 = torch.randn(1, k, device="cuda", dtype=dtype) * 2
-            w = (1 + 0.2 * torch.randn(k, device="cuda")).to(dtype)
-            sr = layernorm.add_summed(row0, torch.zeros_like(row0))
-            total += 1
-            got = tq.w4a16_normed_linear(sr, w, 1e-6, qw, s, z, 128, b)
-            two = tq.w4a16_linear(triton_layernorm.rms_norm(row0, w, 1e-6), qw, s, z, 128, b)
-            if got is None:
-                ok, detail = False, {"served": False}
-            else:
-                served += 1
-                err = ((got.float() - two.float()).abs().max()
-                       / two.float().abs().max()).item()
-                geq = graph_equal(lambda: tq.w4a16_normed_linear(sr, w, 1e-6, qw, s, z, 128, b),
-                                  got)
-                ok = err == err and err <= 1e-3 and geq
-                detail = {"served": True, "rel_err": err,
-                          "equal": bool(torch.equal(got, two)), "graph_equal": geq}
-            failures += not ok
-            rows.append({"norm_stage": "normed", "role": role, "n": n, "k": k,
-                         "dtype": str(dtype), "zeros": zero, "bias": with_bias, **detail,
-                         "ok": ok})
-            if not ok:
-                print("FAILED", json.dumps(rows[-1]))
-    cfg.clear()
-    cfg.update(shipped)
-    print(f"norm_stage (residual added, norm staged): {served} of {total} cases served, "
-          f"{failures} failures")
-    return failures
 
 
 if __name__ == "__main__":

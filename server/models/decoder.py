@@ -105,27 +105,6 @@ class Ops:
         TritonOps computes the SiLU as the one-row GEMV stages its input."""
         return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias)
 
-    # The residual stream at one decode row carried as a `layernorm.SummedRow` from a
-    # 4-bit projection that adds into it (o, down) to the next norm, which the next
-    # projection (q/k/v, gate_up) applies as it reads its row: no kernel of its own.
-    # The twins do neither (None: the layer adds and norms as HF does); TritonOps' GEMVs
-    # do where W4_CONFIG['norm_stage'] holds.
-    @staticmethod
-    def w4a16_linear_add(x, residual: torch.Tensor, qweight: torch.Tensor,
-                         scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
-                         bias: torch.Tensor | None = None, act: bool = False):
-        """residual + the 4-bit projection of x (of silu(gate) * up with `act`; x may be
-        the decode attention's unmerged splits) as a `layernorm.SummedRow`, or None."""
-        return None
-
-    @staticmethod
-    def w4a16_normed_linear(s, weight: torch.Tensor, eps: float, qweight: torch.Tensor,
-                            scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
-                            bias: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The 4-bit projection of rms_norm(s.row) for a `layernorm.SummedRow` s, or
-        None."""
-        return None
-
     @classmethod
     def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
@@ -190,14 +169,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
         return self.finish(self.attend(self.project(x, meta, cos_sin), meta))
 
-    def project(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor,
-                qkv: torch.Tensor | None = None) -> torch.Tensor:
-        """q `[T, heads, head_dim]`, rotated; K/V rotated and written to the cache (of
-        `qkv`, the projection already taken, where given). Reads only `meta.positions`
-        and `meta.slot_mapping` (a CUDA graph piece may hold it)."""
+    def project(self, x: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
+        """q `[T, heads, head_dim]`, rotated; K/V rotated and written to the cache. Reads
+        only `meta.positions` and `meta.slot_mapping` (a CUDA graph piece may hold it)."""
         n = x.shape[0]
-        qkv = self.qkv_proj(x) if qkv is None else qkv
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
@@ -237,12 +213,6 @@ class Attention(nn.Module):
                                        meta.k_scale, meta.v_scale, out=o[d:n])
         return o
 
-    def finish_add(self, o, residual: torch.Tensor):
-        """residual + finish(o) as a `layernorm.SummedRow` where the o projection adds
-        into the residual stream itself (one device, a kernel that does), else None."""
-        x = o.reshape(o.shape[0], self.q_size) if isinstance(o, torch.Tensor) else o
-        return self.o_proj.forward_add(x, residual)
-
     def finish(self, o) -> torch.Tensor:
         """The output projection (and the tensor-parallel all-reduce) of the attention's
         output, or of its unmerged splits (`attend` asked for them: the projection
@@ -270,20 +240,7 @@ class MLP(nn.Module):
             **_tp_kw(tp)), ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_down(self.gate_up_proj(x))
-
-    def forward_summed(self, s: layernorm.SummedRow, ln: "RMSNorm"):
-        """The MLP of rms_norm(s.row) (`ln`), gate_up taking the norm where it can; its
-        output added into the residual stream s.row by the down projection (a
-        `SummedRow`) where it can, else the output alone (the caller adds)."""
-        h = self.gate_up_proj.forward_normed(s, ln.weight, ln.eps)
-        if h is None:
-            h = self.gate_up_proj(self.ops.rms_norm(s.row, ln.weight, ln.eps))
-        out = self.down_proj.forward_add(h, s.row, act=True)
-        return out if out is not None else self.forward_down(h)
-
-    def forward_down(self, h: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj.forward_silu_mul(h)
+        out = self.down_proj.forward_silu_mul(self.gate_up_proj(x))
         return self.tp.all_reduce(out) if self.down_proj.reduce_results else out
 
 
@@ -304,18 +261,10 @@ class DecoderLayer(nn.Module):
 
     # The layer around its attention kernels, in two halves: a piecewise CUDA graph
     # (engine/piecewise.py) captures everything between two layers' attention calls.
-    # Between layers `x` is the last MLP's output with the residual stream apart (HF's
-    # order: the next norm adds them), or a `layernorm.SummedRow`: the down projection
-    # added it in already (`Ops.w4a16_linear_add`), and its row is the residual.
-    def attn_in(self, x, residual: torch.Tensor | None, meta: AttentionMetadata,
+    def attn_in(self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, residual): the input norm, q/k/v, rotary and the K/V write."""
         ln = self.input_layernorm
-        if isinstance(x, layernorm.SummedRow):
-            attn = self.self_attn
-            qkv = attn.qkv_proj.forward_normed(x, ln.weight, ln.eps)
-            h = self.ops.rms_norm(x.row, ln.weight, ln.eps) if qkv is None else x.row
-            return attn.project(h, meta, cos_sin, qkv), x.row
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, ln.weight, ln.eps)
         else:
@@ -323,13 +272,9 @@ class DecoderLayer(nn.Module):
         return self.self_attn.project(h, meta, cos_sin), residual
 
     def attn_out(self, o, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden, residual): the output projection, the second norm and the MLP (the
-        hidden a `SummedRow` where the residual is added in already, see `attn_in`)."""
-        ln = self.post_attention_layernorm
-        s = self.self_attn.finish_add(o, residual)
-        if s is not None:
-            return self.mlp.forward_summed(s, ln), s.row
+        """(hidden, residual): the output projection, the second norm and the MLP."""
         h = self.self_attn.finish(o)
+        ln = self.post_attention_layernorm
         h, residual = self.ops.fused_add_rms_norm(h, residual, ln.weight, ln.eps)
         return self.mlp(h), residual
 
@@ -400,9 +345,7 @@ class DecoderForCausalLM(nn.Module):
         x = nn.functional.embedding(torch.where(mine, local, 0), self.embed_tokens)
         return self.tp.all_reduce(x.masked_fill(~mine.unsqueeze(1), 0.0))
 
-    def final_norm(self, x, residual: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, layernorm.SummedRow):   # the residual is added in (`attn_in`)
-            return self.ops.rms_norm(x.row, self.norm.weight, self.norm.eps)
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         x, _ = self.ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         return x
 

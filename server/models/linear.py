@@ -142,22 +142,6 @@ class LinearMethod:
         return self.apply(layer, o.reshape(o.shape[0], -1), bias)
 
 
-    def apply_add(self, layer: "LinearBase", x, residual: torch.Tensor,
-                  bias: torch.Tensor | None, act: bool = False):
-        """residual + this layer on x (on silu(gate) * up with `act`; x may be the decode
-        attention's unmerged splits) as one kernel leaves it, a `layernorm.SummedRow`
-        whose sums the next norm reads; None where no kernel of this method does (the
-        caller adds, then norms). A method whose kernel can overrides it."""
-        return None
-
-    def apply_normed(self, layer: "LinearBase", s, weight: torch.Tensor, eps: float,
-                     bias: torch.Tensor | None) -> torch.Tensor | None:
-        """This layer on rms_norm(s.row) for a `layernorm.SummedRow` s, the norm taken by
-        the kernel as it reads its input; None where no kernel of this method does (the
-        caller norms, then projects)."""
-        return None
-
-
 class UnquantizedLinearMethod(LinearMethod):
     name = "unquantized"
 
@@ -288,20 +272,6 @@ class LinearBase(nn.Module):
     def forward_attention(self, parts) -> torch.Tensor:
         """forward() of the decode attention's output, or of its unmerged splits."""
         return self.method.apply_attention(self, parts, self.bias)
-
-    def forward_add(self, x, residual: torch.Tensor, act: bool = False):
-        """residual + forward(x) (forward_silu_mul with `act`, forward_attention where x
-        is the attention's splits) with the sums the next norm reads (a
-        `layernorm.SummedRow`), from one kernel; None where the method has none, or the
-        partial outputs still need their all-reduce."""
-        if self.reduce_results:
-            return None
-        return self.method.apply_add(self, x, residual, self.bias, act)
-
-    def forward_normed(self, s, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-        """forward(rms_norm(s.row, weight, eps)) for a `layernorm.SummedRow` s, from one
-        kernel; None where the method has none."""
-        return self.method.apply_normed(self, s, weight, eps, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, method={self.method.name}, "

@@ -112,18 +112,6 @@ def _acts_layout(warps: int) -> "gl.DistributedLinearLayout":
     return gl.DistributedLinearLayout(reg, lane, warp, [], [128, 8])
 
 
-def _sums_layout(n: int, warps: int) -> "gl.DistributedLinearLayout":
-    """`[n]` per-block sums of squares across a warp's lanes (the rest in registers),
-    every warp holding all of them: a row's norm scale summed by shuffles inside each
-    warp, with no trip through shared memory and few registers."""
-    n, warps = int(n), int(warps)
-    bits = n.bit_length() - 1
-    lanes = min(5, bits)
-    lane = [[1 << i] for i in range(lanes)] + [[0]] * (5 - lanes)
-    reg = [[1 << i] for i in range(lanes, bits)]
-    return gl.DistributedLinearLayout(reg, lane, [[0]] * (warps.bit_length() - 1), [], [n])
-
-
 def _at_least_one(n: int) -> int:
     """A shared buffer's tile count: one where the kernel does not use the buffer (a
     zero-sized allocation is not allowed)."""
@@ -135,7 +123,6 @@ if IMPORTED:   # built inside the kernel from its constexprs (a layout argument 
     words_layout = gluon.constexpr_function(_words_layout)
     acts_layout = gluon.constexpr_function(_acts_layout)
     at_least_one = gluon.constexpr_function(_at_least_one)
-    sums_layout = gluon.constexpr_function(_sums_layout)
 
 
 def _pair_asm(f16: bool) -> str:
@@ -299,12 +286,10 @@ if IMPORTED:
 
     @gluon.jit
     def _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
-                   WARPS: gl.constexpr, ACT: gl.constexpr, NORM: gl.constexpr = False,
-                   nw_ptr=None, ss_ptr=None, nss=1, eps=0.0, NSS_PAD: gl.constexpr = 1):
+                   WARPS: gl.constexpr, ACT: gl.constexpr):
         """The program's K split of input row 0 into shared memory (nothing past k_end),
         waited for by every thread: one cp.async a thread per 8 activations, or with ACT
-        (the row is `[gate | up]`, 2K wide) silu(gate) * up computed on the way, or with
-        NORM the row's RMSNorm (`_rms_normed`)."""
+        (the row is `[gate | up]`, 2K wide) silu(gate) * up computed on the way."""
         XC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
         ti = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, XC))
         ki = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
@@ -313,9 +298,6 @@ if IMPORTED:
             gate = gl.load(x_ptr + kk, mask=kk < k_end, other=0.0)
             up = gl.load(x_ptr + K + kk, mask=kk < k_end, other=0.0)
             xs2.store(_silu_mul(gate, up))
-        elif NORM:
-            x = gl.load(x_ptr + kk, mask=kk < k_end, other=0.0)
-            xs2.store(_rms_normed(x, kk, k_end, K, nw_ptr, ss_ptr, nss, eps, NSS_PAD, WARPS))
         else:
             _async_load(xs2, x_ptr + kk, mask=kk < k_end)
             _commit()
@@ -395,23 +377,6 @@ if IMPORTED:
         return gl.sum(a * wc[:, :, None], 1)
 
     @gluon.jit
-    def _rms_normed(x, kk, k_end, K, nw_ptr, ss_ptr, nss, eps, NSS_PAD: gl.constexpr,
-                    WARPS: gl.constexpr):
-        """RMSNorm of the row's elements x at columns kk, its scale from the sums of
-        squares the projection that wrote the row left (`ss_ptr`, `nss` blocks:
-        `_finish`'s RESID), rounded where `triton_layernorm` rounds (the normalised value
-        to the row's dtype, then the weight's product): the norm kernel before the GEMV
-        left out. The sum of the row's squares is taken in another order than that
-        kernel's, so the scale can differ from it in its last bit."""
-        dt: gl.constexpr = x.dtype
-        i = gl.arange(0, NSS_PAD, layout=sums_layout(NSS_PAD, WARPS))
-        total = gl.sum(gl.load(ss_ptr + i, mask=i < nss, other=0.0), 0)
-        rstd = gl.rsqrt(total / K + eps)
-        y = (x.to(gl.float32) * rstd).to(dt).to(gl.float32)
-        w = gl.load(nw_ptr + kk, mask=kk < k_end, other=0.0).to(gl.float32)
-        return (w * y).to(dt)
-
-    @gluon.jit
     def _silu_mul(gate, up):
         """silu(gate) * up rounded where `triton_activation.silu_mul` rounds (the
         activation to the input dtype, then the product), in the input dtype: the same
@@ -433,9 +398,6 @@ if IMPORTED:
                             XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
                             ml_ptr=None, acc_ptr=None, used_ptr=None, ml_splits=1,
                             MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1,
-                            RESID: gl.constexpr = False, rsd_ptr=None, ss_ptr=None,
-                            NORM: gl.constexpr = False, nw_ptr=None, ssin_ptr=None, nss=1,
-                            eps=0.0, NSS_PAD: gl.constexpr = 1,
                             BIAS_EARLY: gl.constexpr = False):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
@@ -460,12 +422,6 @@ if IMPORTED:
         `DecodeParts`, MERGE_SPLITS_PAD at least its grid's splits): the attention's
         merge pass, and its trip through global memory, left out. x_ptr then only gives
         the row's dtype.
-        NORM (with XS_TILES, not ACT or MERGE): x's row is the residual stream and the
-        input its RMSNorm (weight nw_ptr, eps), scaled from the sums of squares
-        (ssin_ptr, nss of them) that the projection that wrote the row left
-        (`_rms_normed`): the norm kernel before the GEMV left out.
-        RESID (one row, unsplit or FUSED): the output is rsd_ptr's row plus the product,
-        each tile's sum of squares written to ss_ptr (`_finish`), for the next NORM.
         BIAS_EARLY (with HAS_BIAS): the bias read before the PDL wait (a weight: at one
         row a DRAM miss each step, which the tile's last program otherwise waits for
         after its sum)."""
@@ -513,8 +469,7 @@ if IMPORTED:
                 _stage_merged(xs2, ml_ptr, acc_ptr, used_ptr, ml_splits, k_start, k_end,
                               XS_TILES, MERGE, MERGE_SPLITS_PAD, WARPS)
             else:
-                _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT, NORM, nw_ptr,
-                           ssin_ptr, nss, eps, NSS_PAD)
+                _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         if DEPTH == 1:
             for k0 in range(k_start, k_end, BK):
                 w, s, z = wa, sa, za
@@ -547,8 +502,7 @@ if IMPORTED:
                                              gl.minimum(k0 + 5 * BK, last_k), k_start, N,
                                              GROUP, HAS_ZERO)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
-                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, RESID, rsd_ptr, ss_ptr,
-                BIAS_EARLY, bias0)
+                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, BIAS_EARLY, bias0)
 
     @gluon.jit
     def _first_tiles(w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP: gl.constexpr,
@@ -582,14 +536,10 @@ if IMPORTED:
     @gluon.jit
     def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS: gl.constexpr, SPLITS_PAD: gl.constexpr,
-                FUSED: gl.constexpr, MMA: gl.constexpr, RESID: gl.constexpr = False,
-                rsd_ptr=None, ss_ptr=None, BIAS_EARLY: gl.constexpr = False, bias0=None):
+                FUSED: gl.constexpr, MMA: gl.constexpr, BIAS_EARLY: gl.constexpr = False,
+                bias0=None):
         """The result: stored, or this split's partial and the tile's last program sums.
-        RESID (one row, the result stored by one program: unsplit or FUSED): the result
-        is the residual stream's next value, `rsd_ptr`'s row plus the product, rounded
-        where `triton_layernorm`'s add rounds, and the tile's sum of its squares goes to
-        `ss_ptr[pid_n]` for the next norm (`_rms_normed`). BIAS_EARLY: the bias is
-        `bias0`, read by the caller before its wait."""
+        BIAS_EARLY: the bias is `bias0`, read by the caller before its wait."""
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
         mask = (om < M)[None, :] & (sn < N)[:, None]
         offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
@@ -607,15 +557,12 @@ if IMPORTED:
                     tot = gl.where(live, tot + p, tot)
                 if HAS_BIAS:
                     tot += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
-                _store_result(tot, res_ptr + offs, mask, offs, rsd_ptr, ss_ptr, pid_n, RESID)
+                gl.store(res_ptr + offs, tot.to(res_ptr.dtype.element_ty), mask=mask)
         else:
             if HAS_BIAS:
                 acc += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
-            base = pid_s.to(gl.int64) * stride_os + offs
-            if RESID:
-                _store_result(acc, part_ptr + base, mask, offs, rsd_ptr, ss_ptr, pid_n, True)
-            else:
-                gl.store(part_ptr + base, acc.to(part_ptr.dtype.element_ty), mask=mask)
+            gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs,
+                     acc.to(part_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _bias(b_ptr, sn, N, BIAS_EARLY: gl.constexpr, bias0):
@@ -625,22 +572,6 @@ if IMPORTED:
         else:
             b = gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)
         return b
-
-    @gluon.jit
-    def _store_result(tot, out_ptrs, mask, offs, rsd_ptr, ss_ptr, pid_n,
-                      RESID: gl.constexpr):
-        """A tile's float32 result rounded to the output's dtype and stored; with RESID
-        the residual's row added after that rounding (HF adds the projection's rounded
-        output to the residual) and rounded again, and the tile's sum of squares of the
-        stored values at ss_ptr[pid_n] (the residual's row at rsd_ptr + offs)."""
-        dt: gl.constexpr = out_ptrs.dtype.element_ty
-        y = tot.to(dt)
-        if RESID:
-            r = gl.load(rsd_ptr + offs, mask=mask, other=0.0)
-            y = (y.to(gl.float32) + r.to(gl.float32)).to(dt)
-            v = gl.where(mask, y.to(gl.float32), 0.0)
-            gl.store(ss_ptr + pid_n, gl.sum(gl.sum(v * v, 1), 0))
-        gl.store(out_ptrs, y, mask=mask)
 
     @gluon.jit
     def _ring_issue(words, scl, zps, xs, qw_ptr, s_ptr, z_ptr, x_ptr, wr, wn, sn, zn, xm, xk,

@@ -123,8 +123,7 @@ if IMPORTED:
 
     @gluon.jit
     def _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES: gl.constexpr,
-                          WARPS: gl.constexpr, ACT: gl.constexpr, NORM: gl.constexpr,
-                          nw_ptr, ssin_ptr, nss, eps, NSS_PAD: gl.constexpr):
+                          WARPS: gl.constexpr, ACT: gl.constexpr):
         """`gluon_w4._stage_row` with each 8 activations stored as (0, 4, 1, 5, 2, 6, 3,
         7): the pairs an MMA operand register holds (K rows k and k + 4) side by side, so
         a tile's operand B is four 16-byte loads a thread with no byte moved after."""
@@ -136,9 +135,6 @@ if IMPORTED:
         if ACT:
             up = gl.load(x_ptr + K + kk, mask=kk < k_end, other=0.0)
             x = gluon_w4._silu_mul(x, up)
-        elif NORM:
-            x = gluon_w4._rms_normed(x, kk, k_end, K, nw_ptr, ssin_ptr, nss, eps, NSS_PAD,
-                                     WARPS)
         x = gl.reshape(x, [XS_TILES, 16, 2, 4])
         x = gl.permute(x, [0, 1, 3, 2])
         xs2.store(gl.convert_layout(gl.reshape(x, [XS_TILES, BK]), XC))
@@ -192,9 +188,7 @@ if IMPORTED:
                  HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
                  WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                  XS_TILES: gl.constexpr, ACT: gl.constexpr, SPLITS_PAD: gl.constexpr,
-                 FUSED: gl.constexpr, PDL: gl.constexpr, RESID: gl.constexpr, rsd_ptr,
-                 ss_ptr, NORM: gl.constexpr, nw_ptr, ssin_ptr, nss, eps,
-                 NSS_PAD: gl.constexpr):
+                 FUSED: gl.constexpr, PDL: gl.constexpr):
         """The math warps: the row staged once, then each tile from its slot as soon as
         its copies land; every thread releases the slot after its product (the loads it
         read are then complete), WARPS x 32 arrivals a round."""
@@ -208,8 +202,7 @@ if IMPORTED:
         BOX_L: gl.constexpr = box_layout(NB, WARPS)
         VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
         gluon_w4.pdl_wait(PDL)
-        _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT, NORM, nw_ptr,
-                          ssin_ptr, nss, eps, NSS_PAD)
+        _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
         xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)
         m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
@@ -224,8 +217,7 @@ if IMPORTED:
             acc = acc + prod * s[:, None]
             async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
         gluon_w4._finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr,
-                         stride_os, stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, RESID,
-                         rsd_ptr, ss_ptr)
+                         stride_os, stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
 
     @gluon.jit(do_not_specialize=["M", "splits"])
     def _w4_gemv_tma_kernel(x_ptr, w_desc, s_desc, z_desc, b_ptr, part_ptr, res_ptr, cnt_ptr,
@@ -235,16 +227,11 @@ if IMPORTED:
                             WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
                             XS_TILES: gl.constexpr, ACT: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                            PDL: gl.constexpr, RESID: gl.constexpr = False, rsd_ptr=None,
-                            ss_ptr=None, NORM: gl.constexpr = False, nw_ptr=None,
-                            ssin_ptr=None, nss=1, eps=0.0, NSS_PAD: gl.constexpr = 1):
+                            PDL: gl.constexpr):
         """One program: BLOCK_N (16 x WARPS) output columns over one K split, one input
         row (M = 1) staged in shared memory (XS_TILES: a power of two, at least the
         split's tiles); the weights through a ring of STAGES tiles (a split of at most
-        STAGES tiles is requested whole at the start). RESID, NORM: the register
-        kernel's (`gluon_w4._w4_gemv_mma_kernel`): the residual added into the output
-        with its sums of squares left for the next norm, the row's RMSNorm as it is
-        staged."""
+        STAGES tiles is requested whole at the start)."""
         NB: gl.constexpr = BLOCK_N // BOX_N
         words = gl.allocate_shared_memory(gl.int32, [STAGES, NB * 16, BOX_N], w_desc.layout)
         # a TMA destination starts on 128 bytes: a tile's scales and zero points are
@@ -270,8 +257,7 @@ if IMPORTED:
             [(_consume, (x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full, empty,
                          xs2, M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n, pid_s,
                          splits, HAS_ZERO, HAS_BIAS, BLOCK_N, WARPS, F16, STAGES, XS_TILES, ACT,
-                         SPLITS_PAD, FUSED, PDL, RESID, rsd_ptr, ss_ptr, NORM, nw_ptr, ssin_ptr,
-                         nss, eps, NSS_PAD)),
+                         SPLITS_PAD, FUSED, PDL)),
              (_produce, (w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end,
                          n0, GROUP, NB, HAS_ZERO, STAGES))],
             [1], [PRODUCER_REGS])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from pagefleet.server.ops import activation, layernorm
 from pagefleet.server.ops.int4_packing import unpack_rows
 
 FP8 = torch.float8_e4m3fn
@@ -44,30 +43,6 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
     out = x @ w
     return out if bias is None else out + bias
-
-
-def w4a16_linear_add(x: torch.Tensor, residual: torch.Tensor, qweight: torch.Tensor,
-                     scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
-                     bias: torch.Tensor | None = None, act: bool = False):
-    """The twin of the one-row GEMV's residual add (`triton_quant.w4a16_linear_add`):
-    residual + the projection of x (of silu(gate) * up with `act`) with its block sums
-    of squares, a `layernorm.SummedRow`; None past one row, as there."""
-    if x.shape[0] != 1:
-        return None
-    if act:
-        x = activation.silu_and_mul(x)
-    return layernorm.add_summed(w4a16_linear(x, qweight, scales, zeros, group_size, bias),
-                                residual)
-
-
-def w4a16_normed_linear(s, weight: torch.Tensor, eps: float, qweight: torch.Tensor,
-                        scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The twin of the one-row GEMV's normalising row staging
-    (`triton_quant.w4a16_normed_linear`): the projection of rms_norm(s.row) with its
-    scale from s.sums."""
-    return w4a16_linear(layernorm.rms_norm_summed(s, weight, eps), qweight, scales, zeros,
-                        group_size, bias)
 
 
 def fp8_dequantize(weight: torch.Tensor, weight_scale: torch.Tensor, block: tuple[int, int],

@@ -30,5 +30,3 @@ class TritonOps(Ops):
     merge_attention = staticmethod(triton_attention.merge_decode_parts)
     w4a16_takes_attention = staticmethod(triton_quant.takes_attention)
     w4a16_attention_linear = staticmethod(triton_quant.w4a16_attention_linear)
-    w4a16_linear_add = staticmethod(triton_quant.w4a16_linear_add)
-    w4a16_normed_linear = staticmethod(triton_quant.w4a16_normed_linear)

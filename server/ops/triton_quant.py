@@ -51,7 +51,6 @@ import triton
 import triton.language as tl
 
 from pagefleet.server.ops import gluon_w4, gluon_w4_tma
-from pagefleet.server.ops import layernorm
 from pagefleet.server.ops import quant as twin
 from pagefleet.server.ops import triton_activation, triton_attention
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
@@ -248,15 +247,6 @@ W4_CONFIG = {
     # the attention's grid has more than merge_max_splits (a block table wider than
     # 64 x that many tokens) the merge pass runs instead.
     "merge_stage": 0, "merge_max_splits": 32,
-    # At one row the projections that add into the residual stream (o, down) add it in
-    # their GEMV's last store and leave each output tile's sum of squares, and the next
-    # projections (q/k/v, gate_up) apply the RMSNorm as they stage their row from those
-    # sums (`w4a16_linear_add`, `w4a16_normed_linear`, `layernorm.SummedRow`): the
-    # fused add + norm kernel between them (57 launches a B=1 step, ~96 us of GPU time
-    # in the twenty-first session's trace) left out. q/k/v's plan ("other") does not
-    # stage its row by itself, so here it does. Built in the twenty-second session, off
-    # until a GPU has measured it.
-    "norm_stage": False,
     # The one-row register kernel (q/k/v: Qwen's bias) reads the bias before its PDL wait
     # (`gluon_w4._w4_gemv_mma_kernel` BIAS_EARLY): a DRAM miss each step that each output
     # tile's last program otherwise waits for after its sum. Twenty-second session,
@@ -1025,112 +1015,33 @@ def w4a16_attention_linear(parts: "triton_attention.DecodeParts | torch.Tensor",
     return w4a16_linear(x, qweight, scales, zeros, group_size, bias)
 
 
-def norm_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> MmaPlan | None:
-    """The Gluon GEMV's plan where it applies the RMSNorm of its one row as it stages it
-    (`w4a16_normed_linear`): cfg['norm_stage'] on, one row, a plan that is not the ring
-    kernel, its split's row staged (the register kernel's "other" class is made to
-    stage it); else None."""
-    if not cfg["norm_stage"] or m != 1:
-        return None
-    plan = mma_plan(m, n, k, sms, cfg, tma)
-    tiles_k = plan.per // 128
-    if plan.ring or tiles_k > cfg["gemv_mma_xsmem_max_tiles"]:
-        return None
-    return plan._replace(xs_tiles=triton.next_power_of_2(tiles_k))
-
-
-def w4a16_linear_add(x: "torch.Tensor | triton_attention.DecodeParts",
-                     residual: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                     zeros: torch.Tensor | None, group_size: int,
-                     bias: torch.Tensor | None = None,
-                     act: bool = False) -> layernorm.SummedRow | None:
-    """residual + `w4a16_linear(x)` (of silu(gate) * up with `act`, as
-    `w4a16_silu_linear`; of the decode attention's output where x is its unmerged
-    splits, as `w4a16_attention_linear`) from one launch of the one-row Gluon GEMV, with
-    the sums of squares the next norm reads (`layernorm.add_summed`'s twin); None where
-    cfg['norm_stage'] is off or that GEMV cannot serve (the caller adds, then norms)."""
-    cfg = W4_CONFIG
-    if not cfg["norm_stage"]:
-        return None
-    parts = x if isinstance(x, triton_attention.DecodeParts) else None
-    xr = (parts.out if parts is not None else x).reshape(residual.shape[0], -1)
-    m, n, k = xr.shape[0], qweight.shape[1], qweight.shape[0] * 8
-    if (m != 1 or tuple(residual.shape) != (1, n) or residual.dtype != xr.dtype
-            or not residual.is_contiguous() or xr.shape[1] != (2 * k if act else k)
-            or not _gluon_ok(xr, n, k, group_size, scales)):
-        return None
-    tma, sms = gluon_w4_tma.aligned(qweight, scales, zeros), sm_count(xr.device)
-    if parts is not None:
-        if merge_plan(m, n, k, parts.out.shape[2], sms, cfg, tma, parts.plan.splits) is None:
-            return None
-    elif act:
-        if not silu_stages(m, n, k, sms, cfg, tma):
-            return None
-    elif mma_plan(m, n, k, sms, cfg, tma).ring:
-        return None
-    return _w4_gemv_mma(xr.contiguous(), qweight, scales, zeros, group_size, bias, act=act,
-                        parts=parts, resid=residual)
-
-
-def w4a16_normed_linear(s: layernorm.SummedRow, weight: torch.Tensor, eps: float,
-                        qweight: torch.Tensor, scales: torch.Tensor,
-                        zeros: torch.Tensor | None, group_size: int,
-                        bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """`w4a16_linear(rms_norm(s.row, weight, eps))` from one launch of the one-row Gluon
-    GEMV, which normalises its row as it stages it, scaled from `s.sums`; None where
-    `norm_plan` does not hold (the caller norms, then projects)."""
-    x = s.row
-    m, n, k = x.shape[0], qweight.shape[1], qweight.shape[0] * 8
-    if (m != 1 or x.shape[1] != k or weight.dtype != x.dtype or not x.is_contiguous()
-            or not _gluon_ok(x, n, k, group_size, scales)
-            or norm_plan(m, n, k, sm_count(x.device), W4_CONFIG,
-                         gluon_w4_tma.aligned(qweight, scales, zeros)) is None):
-        return None
-    return _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, norm=(s, weight, eps))
-
-
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
-                 parts: "triton_attention.DecodeParts | None" = None,
-                 resid: torch.Tensor | None = None, norm: tuple | None = None):
+                 parts: "triton_attention.DecodeParts | None" = None):
     """The Gluon GEMV's launch as `mma_plan` decides: the TMA kernel (one row, tensors
     TMA can read: its descriptors stand for the weight pointers), the ring kernel or the
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked). `parts`: x is the decode attention's unmerged output
     and the register kernel merges it as it stages the row (`merge_plan`;
-    `w4a16_attention_linear` checked). `resid`: the residual row added into the output,
-    returned as a `SummedRow`, or None (nothing launched) where the splits would be
-    summed by a second kernel; `norm`: (SummedRow, weight, eps), x is its row and the
-    input its RMSNorm (`norm_plan`; `w4a16_normed_linear` checked)."""
+    `w4a16_attention_linear` checked)."""
     m = x.shape[0]
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
     tma = gluon_w4_tma.aligned(qweight, scales, zeros)
-    sms = sm_count(x.device)
-    plan = (merge_plan(m, n, k, parts.out.shape[2], sms, cfg, tma, parts.plan.splits)
-            if parts is not None else norm_plan(m, n, k, sms, cfg, tma) if norm is not None
-            else mma_plan(m, n, k, sms, cfg, tma))
+    plan = (mma_plan(m, n, k, sm_count(x.device), cfg, tma) if parts is None else
+            merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma,
+                       parts.plan.splits))
     splits, per = plan.splits, plan.per
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
-    extra = {}
-    if resid is not None:
-        if splits > 1 and not o.fused:
-            return None
-        sums = torch.empty(tiles, device=x.device, dtype=torch.float32)
-        extra.update(RESID=True, rsd_ptr=resid, ss_ptr=sums)
-    if norm is not None:
-        s, weight, eps = norm
-        extra.update(NORM=True, nw_ptr=weight, ssin_ptr=s.sums, nss=s.sums.numel(),
-                     eps=float(eps), NSS_PAD=triton.next_power_of_2(s.sums.numel()))
     args = (x, qweight, scales, zeros if zeros is not None else scales,
             bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits)
     common = dict(GROUP=group_size if group_size < k else 1 << 30,   # one group: one compile
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
-                  FUSED=o.fused, num_warps=warps, **extra, **launch_opts("gemv"))
+                  FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
     if plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
@@ -1149,8 +1060,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
             XS_TILES=plan.xs_tiles, ACT=act,
             BIAS_EARLY=bool(cfg["gemv_bias_early"]) and o.kernel_bias, **merge, **common)
-    out = o.result(splits, bias, x.dtype)
-    return layernorm.SummedRow(out, extra["ss_ptr"]) if resid is not None else out
+    return o.result(splits, bias, x.dtype)
 
 
 def silu_stages(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> bool:

@@ -467,7 +467,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     # (every constexpr named: one left out of the signature compiles as an argument)
     pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1,
-           "RESID": False, "NORM": False, "NSS_PAD": 1, "BIAS_EARLY": False}
+           "BIAS_EARLY": False}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
@@ -481,21 +481,10 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                "one row merged": (gw._w4_gemv_mma_kernel,
                                   {**pre, "DEPTH": 1, "XS_TILES": 2,
                                    "MERGE": w4["merge_stage"] or 8, "MERGE_SPLITS_PAD": 32}),
-               # q/k/v at one row with the RMSNorm applied as the row is staged (its
-               # plan's three-tile splits, 56 sums), o adding the residual into its
-               # output, merged or not (norm_stage)
-               "one row norm": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 4,
-                                                         "NORM": True, "NSS_PAD": 64}),
                # q/k/v's bias read before the PDL wait (gemv_bias_early)
                "registers bias early": (gw._w4_gemv_mma_kernel,
                                         {**pre, "DEPTH": 1, "XS_TILES": 0,
                                          "BIAS_EARLY": True}),
-               "registers resid": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1,
-                                                            "XS_TILES": 0, "RESID": True}),
-               "one row merged resid": (gw._w4_gemv_mma_kernel,
-                                        {**pre, "DEPTH": 1, "XS_TILES": 2, "RESID": True,
-                                         "MERGE": w4["merge_stage"] or 8,
-                                         "MERGE_SPLITS_PAD": 32}),
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
@@ -508,9 +497,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
         ptrs = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
                 "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32",
-                "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32",
-                "rsd_ptr": f"*{dt}", "ss_ptr": "*fp32", "nw_ptr": f"*{dt}", "ssin_ptr": "*fp32",
-                "eps": "fp32"}
+                "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
               "PDL": 1, **own}
@@ -529,13 +516,10 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
                          bool(copies) == (kind in ("ring", "one row"))
-                         and bool(exps) == (kind in ("one row silu", "one row merged",
-                                                     "one row merged resid"))
-                         and ("rsqrt.approx" in ptx) == (kind == "one row norm"))
+                         and bool(exps) == (kind in ("one row silu", "one row merged")))
     # the merging o GEMV must keep the register kernel's programs an SM (its plan's aim)
     merged_cap = 65536 // (warps * 32 * w4["gemv_mma_programs_per_sm"])
-    if any(r < 0 or r > 96 or sp or not mma or not cp
-           or (k.startswith("one row merged") and r > merged_cap)
+    if any(r < 0 or r > 96 or sp or not mma or not cp or (k == "one row merged" and r > merged_cap)
            for (k, _), (r, sp, mma, cp) in got.items()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
@@ -583,22 +567,15 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     fn = gt._w4_gemv_tma_kernel
     got = {}
-    for (cls, fuse), (dt, zero, fused) in itertools.product(
-            (("unsplit", False), ("deep", False), ("unsplit", True), ("deep", True)),
-            (("fp16", True, True), ("bf16", False, False))):
-        # fuse (norm_stage): gate_up normalising its row as it stages it, down adding the
-        # residual into its output (its splits summed in the kernel: fp16's case only)
-        if fuse and cls == "deep" and not fused:
-            continue
+    for cls, (dt, zero, fused) in itertools.product(
+            ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False))):
         t = w4["gemv_mma_one_row"][cls]["tma"]
         plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
-        ptrs = {**tma_gemv_types(dt, bn, zero), "rsd_ptr": f"*{dt}", "ss_ptr": "*fp32",
-                "nw_ptr": f"*{dt}", "ssin_ptr": "*fp32", "eps": "fp32"}
+        ptrs = tma_gemv_types(dt, bn, zero)
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
-              "PDL": 1, "RESID": fuse and cls == "deep", "NORM": fuse and cls == "unsplit",
-              "NSS_PAD": 64 if fuse else 1}
+              "PDL": 1}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in TMA_GEMV_ALIGNED}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
@@ -615,9 +592,8 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
               and "mbarrier.try_wait" in ptx
               and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx))
               and ("fma.rn.f16x2" in ptx) == (dt == "fp16")
-              and ("ex2.approx" in ptx) == (cls == "deep")
-              and ("rsqrt.approx" in ptx) == cx["NORM"])
-        got[cls + (" fused" if fuse else ""), dt] = (max(regs) if regs else -1, ok)
+              and ("ex2.approx" in ptx) == (cls == "deep"))
+        got[cls, dt] = (max(regs) if regs else -1, ok)
     if not all(ok for _, ok in got.values()):
         print(f"FAILED {name}: (registers, checks) {got}")
         return False

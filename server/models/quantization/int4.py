@@ -57,15 +57,3 @@ class Int4Method(LinearMethod):
             return super().apply_attention(layer, parts, bias)
         return layer.ops.w4a16_attention_linear(parts, layer.qweight, layer.scales,
                                                 layer.zeros, layer.group_size, bias)
-
-    def apply_add(self, layer, x, residual, bias, act=False):
-        if layer.perm is not None:   # act-order: the input's columns gathered first
-            return None
-        return layer.ops.w4a16_linear_add(x, residual, layer.qweight, layer.scales,
-                                          layer.zeros, layer.group_size, bias, act)
-
-    def apply_normed(self, layer, s, weight, eps, bias):
-        if layer.perm is not None:
-            return None
-        return layer.ops.w4a16_normed_linear(s, weight, eps, layer.qweight, layer.scales,
-                                             layer.zeros, layer.group_size, bias)
