@@ -240,8 +240,11 @@ W4_CONFIG = {
     # (0: off: the attention's merge pass, then the GEMV). In the engine's AWQ decode
     # forward at B=1 the merge pass is ~92 us a step (3.3 a layer, mostly its launch and
     # its trip through global memory) and leaving it out saved 65 (BENCHMARKS.md,
-    # 2026-12-04, seventeenth session). Built in the nineteenth session without a GPU:
-    # compiled for sm_90, not yet measured or checked on one, so off.
+    # 2026-12-04, seventeenth session). Built in the nineteenth session without a GPU;
+    # measured in the twenty-second (H200, engine_gemv_ab.py, 1K context): 1.975 ms at 8
+    # splits a step and 1.819 at 16 against 1.576 shipped, the o GEMV 143 -> 602 / 440 us
+    # a step (each of its 784 programs rereads its two heads' 17 splits after its wait),
+    # the same tokens, not the same bits. Off.
     # Every output tile's programs merge their heads' splits again (o at B=1: 56 tiles,
     # ~14 MB of L2 reads a layer at 17 splits), so the cost grows with the splits: where
     # the attention's grid has more than merge_max_splits (a block table wider than
