@@ -397,8 +397,7 @@ if IMPORTED:
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
                             XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
                             ml_ptr=None, acc_ptr=None, used_ptr=None, ml_splits=1,
-                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1,
-                            BIAS_EARLY: gl.constexpr = False):
+                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -421,10 +420,7 @@ if IMPORTED:
         a step (`_stage_merged`; ml_ptr, acc_ptr, used_ptr, ml_splits: the attention's
         `DecodeParts`, MERGE_SPLITS_PAD at least its grid's splits): the attention's
         merge pass, and its trip through global memory, left out. x_ptr then only gives
-        the row's dtype.
-        BIAS_EARLY (with HAS_BIAS): the bias read before the PDL wait (a weight: at one
-        row a DRAM miss each step, which the tile's last program otherwise waits for
-        after its sum)."""
+        the row's dtype."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -454,9 +450,6 @@ if IMPORTED:
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
         last_k = k_end - BK
-        bias0 = None
-        if BIAS_EARLY:
-            bias0 = gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)
         if PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
@@ -502,7 +495,7 @@ if IMPORTED:
                                              gl.minimum(k0 + 5 * BK, last_k), k_start, N,
                                              GROUP, HAS_ZERO)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
-                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA, BIAS_EARLY, bias0)
+                stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
 
     @gluon.jit
     def _first_tiles(w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP: gl.constexpr,
@@ -536,10 +529,8 @@ if IMPORTED:
     @gluon.jit
     def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS: gl.constexpr, SPLITS_PAD: gl.constexpr,
-                FUSED: gl.constexpr, MMA: gl.constexpr, BIAS_EARLY: gl.constexpr = False,
-                bias0=None):
-        """The result: stored, or this split's partial and the tile's last program sums.
-        BIAS_EARLY: the bias is `bias0`, read by the caller before its wait."""
+                FUSED: gl.constexpr, MMA: gl.constexpr):
+        """The result: stored, or this split's partial and the tile's last program sums."""
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
         mask = (om < M)[None, :] & (sn < N)[:, None]
         offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
@@ -556,22 +547,13 @@ if IMPORTED:
                                 cache_modifier=".cg")
                     tot = gl.where(live, tot + p, tot)
                 if HAS_BIAS:
-                    tot += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
+                    tot += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
                 gl.store(res_ptr + offs, tot.to(res_ptr.dtype.element_ty), mask=mask)
         else:
             if HAS_BIAS:
-                acc += _bias(b_ptr, sn, N, BIAS_EARLY, bias0)[:, None]
+                acc += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
             gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs,
                      acc.to(part_ptr.dtype.element_ty), mask=mask)
-
-    @gluon.jit
-    def _bias(b_ptr, sn, N, BIAS_EARLY: gl.constexpr, bias0):
-        """The tile's bias as float32: read ahead (bias0) or here."""
-        if BIAS_EARLY:
-            b = bias0
-        else:
-            b = gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)
-        return b
 
     @gluon.jit
     def _ring_issue(words, scl, zps, xs, qw_ptr, s_ptr, z_ptr, x_ptr, wr, wn, sn, zn, xm, xk,

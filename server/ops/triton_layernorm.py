@@ -17,8 +17,10 @@ from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 # "weight_early": the kernel reads the norm's weight before its PDL wait. At one decode
 # row the weight is a DRAM miss every step (the step's weights stream through L2
 # between two reads of it), and read after the wait its latency follows the row's
-# loads; before it, it hides under the kernel before's tail.
-NORM_CONFIG = {"weight_early": False}
+# loads; before it, it hides under the kernel before's tail. H200, 2026-12-05
+# (twenty-second session, engine_gemv_ab.py, one machine): the AWQ B=1 decode forward
+# 1.556 against 1.563 ms, the same bits; the norms' own time 100 -> 68 us a step.
+NORM_CONFIG = {"weight_early": True}
 # What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
 # the norm's weight, which no kernel of the forward writes.
 EARLY_READS = {"_rms_norm_kernel": ("w_ptr",)}

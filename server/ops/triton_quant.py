@@ -250,11 +250,6 @@ W4_CONFIG = {
     # the attention's grid has more than merge_max_splits (a block table wider than
     # 64 x that many tokens) the merge pass runs instead.
     "merge_stage": 0, "merge_max_splits": 32,
-    # The one-row register kernel (q/k/v: Qwen's bias) reads the bias before its PDL wait
-    # (`gluon_w4._w4_gemv_mma_kernel` BIAS_EARLY): a DRAM miss each step that each output
-    # tile's last program otherwise waits for after its sum. Twenty-second session,
-    # off until measured.
-    "gemv_bias_early": False,
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -1061,8 +1056,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                          MERGE_SPLITS_PAD=triton.next_power_of_2(parts.plan.splits))
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act,
-            BIAS_EARLY=bool(cfg["gemv_bias_early"]) and o.kernel_bias, **merge, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **merge, **common)
     return o.result(splits, bias, x.dtype)
 
 

@@ -466,8 +466,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     # (every constexpr named: one left out of the signature compiles as an argument)
-    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1,
-           "BIAS_EARLY": False}
+    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
@@ -481,10 +480,6 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                "one row merged": (gw._w4_gemv_mma_kernel,
                                   {**pre, "DEPTH": 1, "XS_TILES": 2,
                                    "MERGE": w4["merge_stage"] or 8, "MERGE_SPLITS_PAD": 32}),
-               # q/k/v's bias read before the PDL wait (gemv_bias_early)
-               "registers bias early": (gw._w4_gemv_mma_kernel,
-                                        {**pre, "DEPTH": 1, "XS_TILES": 0,
-                                         "BIAS_EARLY": True}),
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
