@@ -58,7 +58,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from compile_sm90 import TMA_GEMV_ALIGNED, signature, tma_gemv_types  # noqa: E402
+from compile_sm90 import (REGISTER_GEMV_ALIGNED, TMA_GEMV_ALIGNED,  # noqa: E402
+                          register_gemv_types, signature, tma_gemv_types)
 
 from pagefleet.server.ops import gluon_w4  # noqa: E402
 from pagefleet.server.ops import triton_quant as tq  # noqa: E402
@@ -148,18 +149,14 @@ def gluon_tile_cases() -> dict:
         name = f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s plan"
         cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, TMA_GEMV_ALIGNED,
                        {"maxnreg": plan.maxnreg}, 1)
-    reg_ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
-                "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32",
-                "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
-    reg_aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
-                   "stride_xm", "stride_os", "stride_om", "k_per_split"]
+    reg_ptrs = register_gemv_types("fp16")
     for depth, rows in ((1, "one row (q/k/v, o)"), (3, "2-7 rows, 3 deep")):
         cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
               "WARPS": warps, "F16": True, "PRELOAD": w4["gemv_mma_preload"],
               "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "DEPTH": depth, "XS_TILES": 0,
               "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1}
         cases[f"w4a16 Gluon register gemv, {rows}"] = (
-            gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, reg_aligned, {}, depth)
+            gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, REGISTER_GEMV_ALIGNED, {}, depth)
     return cases
 
 

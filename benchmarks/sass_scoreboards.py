@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_loop import compile_cubin, disassemble  # noqa: E402
+from sass_loop import compile_cubin, disassemble  # noqa: E402  (puts tests/server on the path)
+from compile_sm90 import REGISTER_GEMV_ALIGNED, register_gemv_types  # noqa: E402
 
 
 def control_bits(cubin: bytes) -> list[tuple[str, str, int, int]]:
@@ -49,17 +50,14 @@ def kernel_case(extra: dict) -> tuple:
     from pagefleet.server.ops import gluon_w4 as gw
     from pagefleet.server.ops.triton_quant import W4_CONFIG
     fn = gw._w4_gemv_mma_kernel
-    ptrs = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
-            "b_ptr": "*fp16", "part_ptr": "*fp32", "res_ptr": "*fp16", "cnt_ptr": "*i32"}
+    ptrs = register_gemv_types("fp16")
     warps = W4_CONFIG["gemv_mma_warps"]
     cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False,
           "BLOCK_N": W4_CONFIG["gemv_mma_block_n"], "WARPS": warps, "F16": True,
           "SPLITS_PAD": 1, "FUSED": False, "PDL": 1, "PRELOAD": True, "DEPTH": 1,
           "XS_TILES": 0, "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1,
           **extra}
-    aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
-               "stride_xm", "stride_os", "stride_om", "k_per_split"]
-    return fn, ptrs, cx, warps, aligned
+    return fn, ptrs, cx, warps, REGISTER_GEMV_ALIGNED
 
 
 def main() -> None:

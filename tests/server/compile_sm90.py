@@ -487,12 +487,9 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     got = {}
     for (kind, (fn, own)), (dt, zero, fused) in itertools.product(
             kernels.items(), (("fp16", True, True), ("bf16", False, False))):
-        aligned = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
-                   "stride_xm", "stride_os", "stride_om", "k_per_split"]
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        ptrs = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
-                "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32",
-                "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+                 for a in REGISTER_GEMV_ALIGNED}
+        ptrs = register_gemv_types(dt)
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
               "PDL": 1, **own}
@@ -521,6 +518,21 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
         return False
     print(f"ok {name} {got}")
     return True
+
+
+# The register (and ring) GEMV's arguments as a real launch types them: its activations,
+# outputs and bias in the row's dtype, the words int32, fp16 scales, uint8 zero points,
+# the attention's deferred splits (the o projection's merge), and the arguments Triton
+# specializes as multiples of 16.
+REGISTER_GEMV_ALIGNED = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
+                         "stride_xm", "stride_os", "stride_om", "k_per_split"]
+
+
+def register_gemv_types(dt: str) -> dict[str, str]:
+    """The register GEMV's pointer types for `dt` ("fp16" or "bf16") activations."""
+    return {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
+            "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32",
+            "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
 
 
 # The TMA GEMV's arguments as a real launch types them: its activations, outputs and
