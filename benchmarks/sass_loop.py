@@ -145,7 +145,7 @@ def gluon_tile_cases() -> dict:
         plan = tq._tma_plan(k, w4["gemv_mma_one_row"][cls]["tma"], w4)
         cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
               "WARPS": warps, "F16": True, "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
-              "ACT": cls == "deep", "SPLITS_PAD": 4, "FUSED": True, "PDL": 1}
+              "ACT": cls == "deep", "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "BLOCKED": False}
         name = f"w4a16 Gluon TMA gemv, {'gate_up' if cls == 'unsplit' else 'down'}'s plan"
         cases[name] = (gt._w4_gemv_tma_kernel, tma_ptrs, cx, warps, TMA_GEMV_ALIGNED,
                        {"maxnreg": plan.maxnreg}, 1)

@@ -894,6 +894,7 @@ class MmaPlan(NamedTuple):
     xs_tiles: int    # one input row staged in shared memory: tiles allocated (0: not)
     stages: int = 0  # the TMA kernel's ring slots (0: not the TMA kernel)
     maxnreg: int = 0  # the TMA kernel's register cap
+    blocked: bool = False  # the TMA kernel reads `gluon_w4_tma.blocked_copy` (A/B only)
 
 
 # The keys a layer class's plan may carry (W4_CONFIG "gemv_mma_one_row" / "gemv_mma_rows")
@@ -902,7 +903,7 @@ class MmaPlan(NamedTuple):
 # the variant's name; the benchmarks refuse such variants (`plan_key_errors`).
 PLAN_CLASSES = frozenset({"unsplit", "deep", "other"})
 CLASS_PLAN_KEYS = frozenset({"xsmem", "depth", "programs_per_sm", "tma"})
-TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles"})
+TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles", "blocked"})
 
 
 def plan_key_errors(cfg: dict) -> list[str]:
@@ -958,7 +959,8 @@ def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
     if per > cfg["gemv_mma_xsmem_max_tiles"]:
         return None
     return MmaPlan(triton.cdiv(tiles_k, per), per * 128, False, 1,
-                   triton.next_power_of_2(per), min(t["stages"], per), t["maxnreg"])
+                   triton.next_power_of_2(per), min(t["stages"], per), t["maxnreg"],
+                   bool(t.get("blocked")) and k % 128 == 0)
 
 
 def merge_plan(m: int, n: int, k: int, head_dim: int, sms: int, cfg: dict,
@@ -1014,16 +1016,18 @@ def w4a16_attention_linear(parts: "triton_attention.DecodeParts | torch.Tensor",
 
 
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
-                 parts: "triton_attention.DecodeParts | None" = None):
+                 parts: "triton_attention.DecodeParts | None" = None,
+                 blocked: tuple[int, int] | None = None):
     """The Gluon GEMV's launch as `mma_plan` decides: the TMA kernel (one row, tensors
     TMA can read: its descriptors stand for the weight pointers), the ring kernel or the
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked). `parts`: x is the decode attention's unmerged output
     and the register kernel merges it as it stages the row (`merge_plan`;
-    `w4a16_attention_linear` checked)."""
+    `w4a16_attention_linear` checked). `blocked`: the layer's (K, N), its tensors
+    `gluon_w4_tma.block_columns`'s (the TMA kernel only)."""
     m = x.shape[0]
-    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    k, n = blocked or (qweight.shape[0] * 8, qweight.shape[1])
     cfg = W4_CONFIG
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
@@ -1032,6 +1036,10 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
             merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma,
                        parts.plan.splits))
     splits, per = plan.splits, plan.per
+    assert not blocked or plan.stages, "blocked tensors are the TMA kernel's alone"
+    if plan.blocked and not blocked:
+        qweight, scales, zeros = gluon_w4_tma.blocked_copy(qweight, scales, zeros, bn)
+        blocked = (k, n)
     o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
             bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
@@ -1043,8 +1051,9 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     if plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
+            k // 8 if blocked else 0, scales.shape[0] * bn // n if blocked else 0,
             STAGES=plan.stages, XS_TILES=plan.xs_tiles, ACT=act, maxnreg=plan.maxnreg,
-            **common)
+            BLOCKED=bool(blocked), **common)
     elif plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)

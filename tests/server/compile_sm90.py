@@ -559,7 +559,7 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     """The one-row TMA GEMV (ops/gluon_w4_tma.py) at the shipped plans of its layer
     classes (gate_up unsplit, down in splits with the SiLU computed as it stages the row)
     compiles for fp16 with zero points (split-K summed in the kernel) and bf16 without
-    (summed after): the weights come by TMA (cp.async.bulk.tensor) and are waited for on
+    (summed after), and gate_up's in the blocked layout's A/B form: the weights come by TMA (cp.async.bulk.tensor) and are waited for on
     mbarriers, the MMAs are mma.sync m16n8k16 with every operand built in registers
     (`assert_trivial` layouts), fp16 decodes by the packed-FMA form (bf16 cannot), the
     SiLU's exponential only where it is due, and ptxas spills nothing within the plan's
@@ -574,15 +574,17 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     fn = gt._w4_gemv_tma_kernel
     got = {}
-    for cls, (dt, zero, fused) in itertools.product(
-            ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False))):
+    cases = [(cls, form, False) for cls, form in itertools.product(
+        ("unsplit", "deep"), (("fp16", True, True), ("bf16", False, False)))]
+    cases.append(("unsplit", ("fp16", True, True), True))   # the blocked layout's A/B form
+    for cls, (dt, zero, fused), blocked in cases:
         t = w4["gemv_mma_one_row"][cls]["tma"]
         plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
         ptrs = tma_gemv_types(dt, bn, zero)
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
-              "PDL": 1}
+              "PDL": 1, "BLOCKED": blocked}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in TMA_GEMV_ALIGNED}
         sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
@@ -600,7 +602,7 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
               and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx))
               and ("fma.rn.f16x2" in ptx) == (dt == "fp16")
               and ("ex2.approx" in ptx) == (cls == "deep"))
-        got[cls, dt] = (max(regs) if regs else -1, ok)
+        got[cls, dt, *(("blocked",) if blocked else ())] = (max(regs) if regs else -1, ok)
     if not all(ok for _, ok in got.values()):
         print(f"FAILED {name}: (registers, checks) {got}")
         return False

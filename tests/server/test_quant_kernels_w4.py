@@ -225,19 +225,19 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
 @pytest.mark.parametrize("m, n, k, sms, tma, plan", [
     # Qwen2.5-7B's layers on an H200's 132 multiprocessors: (splits, K a split, ring,
     # tiles of weights in flight, tiles of the row staged in shared memory, TMA ring
-    # slots, TMA register cap)
-    (1, 37888, 3584, 132, True, (1, 3584, False, 1, 32, 6, 48)),   # gate_up: TMA, unsplit
-    (1, 3584, 18944, 132, True, (11, 1792, False, 1, 16, 4, 48)),  # down: 14-tile splits
-    (1, 4608, 3584, 132, True, (10, 384, False, 1, 0, 0, 0)),      # qkv: registers
-    (1, 3584, 3584, 132, True, (14, 256, False, 1, 0, 0, 0)),      # o
+    # slots, TMA register cap, the blocked copy: an A/B's only)
+    (1, 37888, 3584, 132, True, (1, 3584, False, 1, 32, 6, 48, False)),   # gate_up: TMA, unsplit
+    (1, 3584, 18944, 132, True, (11, 1792, False, 1, 16, 4, 48, False)),  # down: 14-tile splits
+    (1, 4608, 3584, 132, True, (10, 384, False, 1, 0, 0, 0, False)),      # qkv: registers
+    (1, 3584, 3584, 132, True, (14, 256, False, 1, 0, 0, 0, False)),      # o
     # tensors TMA cannot read: the register kernel's plans
-    (1, 37888, 3584, 132, False, (1, 3584, False, 3, 32, 0, 0)),
-    (1, 3584, 18944, 132, False, (11, 1792, False, 3, 16, 0, 0)),  # 5 an SM, 3 deep
-    (2, 37888, 3584, 132, True, (1, 3584, False, 3, 0, 0, 0)),     # 2-4 rows: no staging
-    (4, 3584, 18944, 132, True, (14, 1408, False, 1, 0, 0, 0)),    # ... the base split
-    (8, 37888, 3584, 132, True, (1, 3584, True, 1, 0, 0, 0)),      # the ring's rows
+    (1, 37888, 3584, 132, False, (1, 3584, False, 3, 32, 0, 0, False)),
+    (1, 3584, 18944, 132, False, (11, 1792, False, 3, 16, 0, 0, False)),  # 5 an SM, 3 deep
+    (2, 37888, 3584, 132, True, (1, 3584, False, 3, 0, 0, 0, False)),     # 2-4 rows: no staging
+    (4, 3584, 18944, 132, True, (14, 1408, False, 1, 0, 0, 0, False)),    # ... the base split
+    (8, 37888, 3584, 132, True, (1, 3584, True, 1, 0, 0, 0, False)),      # the ring's rows
     # one multiprocessor: down is unsplit, its 148 K tiles too many to stage
-    (1, 3584, 18944, 1, True, (1, 18944, False, 3, 0, 0, 0)),
+    (1, 3584, 18944, 1, True, (1, 18944, False, 3, 0, 0, 0, False)),
 ])
 def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, tma, plan):
     """At one row gate_up and down run the TMA kernel (gate_up unsplit, down in 14-tile
@@ -289,6 +289,44 @@ def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
     assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 0     # down
     cfg.update(gemv_mma_block_n=128, gemv_mma_warps=8)
     assert tq.mma_plan(1, 3584, 18944, 132, cfg).stages == 4
+
+
+def test_blocked_copy_is_an_ab_plan_key_where_k_fills_its_tiles():
+    """A "tma" plan's "blocked" key (the layout A/B: the TMA kernel reads a copy of the
+    layer with each column tile's rows together) is a key `mma_plan` reads, and holds
+    only where K is whole 128-row tiles (a box of a ragged last tile would read the next
+    column tile's rows)."""
+    import copy
+
+    from pagefleet.server.ops import triton_quant as tq
+    one_row = copy.deepcopy(tq.W4_CONFIG["gemv_mma_one_row"])
+    one_row["unsplit"]["tma"]["blocked"] = True
+    cfg = {**tq.W4_CONFIG, "gemv_mma_one_row": one_row}
+    assert tq.plan_key_errors(cfg) == []
+    assert tq.mma_plan(1, 37888, 3584, 132, cfg).blocked
+    assert not tq.mma_plan(1, 37888, 3584 + 64, 132, cfg).blocked
+    assert not tq.mma_plan(1, 3584, 18944, 132, cfg).blocked     # down: not asked
+    assert not tq.mma_plan(1, 37888, 3584, 132, tq.W4_CONFIG).blocked
+
+
+def test_block_columns_stores_each_column_tile_contiguously():
+    """`gluon_w4_tma.block_columns`: column tile b's rows r (words, scales, zero points)
+    at row b x rows + r of a `[tiles x rows, block_n]` tensor, so a program's stream is
+    one contiguous range; the copy keeps every value."""
+    import torch
+
+    from pagefleet.server.ops import gluon_w4_tma as gt
+    g = torch.Generator().manual_seed(0)
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (48, 192), dtype=torch.int32, generator=g)
+    s = torch.rand(3, 192, generator=g).half()
+    z = torch.randint(0, 16, (3, 192), dtype=torch.uint8, generator=g)
+    bq, bs, bz = gt.block_columns(qw, s, z, 64)
+    assert bq.shape == (3 * 48, 64) and bq.is_contiguous() and bs.shape == bz.shape == (9, 64)
+    for b in range(3):
+        assert torch.equal(bq[b * 48:(b + 1) * 48], qw[:, b * 64:(b + 1) * 64])
+        assert torch.equal(bs[b * 3:(b + 1) * 3], s[:, b * 64:(b + 1) * 64])
+        assert torch.equal(bz[b * 3:(b + 1) * 3], z[:, b * 64:(b + 1) * 64])
+    assert gt.block_columns(qw, s, None, 64)[2] is None
 
 
 def test_plan_keys_no_plan_reads_are_named():
