@@ -19,8 +19,8 @@ of weights in flight (`triton_quant.mma_plan`), or for gate_up and down the TMA 
 (`server/ops/gluon_w4_tma.py`); five more one-row plans run at every shape (two of them
 the TMA kernel with its ring refilled, odd splits and one-tile splits); the down
 projection's SiLU-and-mul taken into the staging must give the bits of the SiLU kernel
-then the GEMV; the o projection merging the decode attention's splits as it stages its
-row must match the merge pass then the GEMV.
+then the GEMV; the TMA kernel reading the blocked layout (`gluon_w4_tma.block_columns`)
+must give the bits it gives on the checkpoint's.
 GEMV_MMA_CONFIG='{"gemv_mma_ring_min_m": 1}' runs every case with those W4_CONFIG keys
 over the shipped ones (a variant checked before it ships).
 """
@@ -150,7 +150,7 @@ def main() -> int:
             print("FAILED", json.dumps(rows[-1]))
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     failures += _silu_cases(tq, shipped, shapes, rows)
-    failures += _merge_cases(tq, shipped, rows)
+    failures += _blocked_cases(tq, shipped, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -226,67 +226,48 @@ def _w4_weights(n: int, k: int, group: int, zero: bool, dtype):
     return qw, s, z
 
 
-def _merge_cases(tq, shipped: dict, rows: list) -> int:
-    """The o projection merging the decode attention's splits as it stages its row
-    (`w4a16_attention_linear`, W4_CONFIG["merge_stage"] at 4, 8 and 16 splits a step)
-    against the attention's merge pass then the GEMV, Qwen2.5-7B's attention and o
-    shapes at one row: contexts of 1 to 2,048 tokens in a block table 2,048 wide (32
-    splits in the grid, fewer used by the shorter rows) and 8,192 tokens in one 8,192
-    wide (128 splits: above merge_max_splits, the merge pass serves), fp16 and bf16, zero
-    points or none. Not the same bits (the splits are summed in another order): the
-    relative error against the two kernels must stay under 2e-3, the GEMV must have
-    merged where `merge_plan` says so, and a graph of the pair replayed must equal it
-    run eagerly."""
+def _blocked_cases(tq, shipped: dict, rows: list) -> int:
+    """The TMA kernel reading the layer in `gluon_w4_tma.block_columns`'s layout (each
+    column tile's rows together; the layout A/B, BENCHMARKS.md 2026-12-05, twenty-third
+    session) against the same kernel on the checkpoint's layout: the same bits, at
+    gate_up's and down's shapes and plans (down with the SiLU staged), fp16 and bf16,
+    zero points or none, and through the "blocked" plan key's copy."""
+    import copy
+
     import torch
 
-    from pagefleet.server.ops import triton_attention as ta
+    from pagefleet.server.ops import gluon_w4_tma as gt
     cfg = tq.W4_CONFIG
-    heads, kv_heads, hd, bs = 28, 4, 128, 16
-    n = k = heads * hd
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    failures = served = 0
-    for dtype, zero, (width, ctx), chunk in itertools.product(
+    bn = cfg["gemv_mma_block_n"]
+    failures = 0
+    for dtype, zero, (n, k, act) in itertools.product(
             (torch.float16, torch.bfloat16), (True, False),
-            ((2048, 1), (2048, 63), (2048, 1026), (2048, 2048), (8192, 8192)), (4, 8, 16)):
-        blocks = width // bs + 1
+            ((37888, 3584, False), (3584, 18944, True))):
         cfg.clear()
-        cfg.update({**shipped, "merge_stage": chunk})
-        kc = torch.randn(blocks, bs, kv_heads, hd, device="cuda", dtype=dtype)
-        vc = torch.randn(blocks, bs, kv_heads, hd, device="cuda", dtype=dtype)
-        table = torch.randperm(blocks, device="cuda")[:width // bs].int()[None]
-        lens = torch.tensor([ctx], device="cuda", dtype=torch.int32)
-        q = torch.randn(1, heads, hd, device="cuda", dtype=dtype)
+        cfg.update(shipped)
         qw, s, z = _w4_weights(n, k, 128, zero, dtype)
-
-        def fused():
-            parts = ta.paged_decode_attention_parts(q, kc, vc, table, lens, hd ** -0.5)
-            return tq.w4a16_attention_linear(parts, qw, s, z, 128)
-
-        two = tq.w4a16_linear(ta.paged_decode_attention(q, kc, vc, table, lens, hd ** -0.5)
-                              .reshape(1, -1), qw, s, z, 128)
-        got = fused()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            replayed = fused()
-        g.replay()
-        torch.cuda.synchronize()
-        splits = ta.decode_plan(1, kv_heads, width, q.device).splits
-        merges = tq.merge_plan(1, n, k, hd, sms, cfg, True, splits) is not None
-        served += merges
-        err = ((got.float() - two.float()).abs().max() / two.float().abs().max()).item()
-        ok = err == err and err <= 2e-3 and bool(torch.equal(replayed, got))
+        x = torch.randn(1, 2 * k if act else k, device="cuda", dtype=dtype)
+        ref = tq._w4_gemv_mma(x, qw, s, z, 128, None, act=act)
+        got = tq._w4_gemv_mma(x, *gt.block_columns(qw, s, z, bn), 128, None, act=act,
+                              blocked=(k, n))
+        one_row = copy.deepcopy(shipped["gemv_mma_one_row"])
+        for cls in ("unsplit", "deep"):
+            one_row[cls]["tma"]["blocked"] = True
+        cfg["gemv_mma_one_row"] = one_row
+        planned = tq._w4_gemv_mma(x, qw, s, z, 128, None, act=act)
+        plan = tq.mma_plan(1, n, k, torch.cuda.get_device_properties(0).multi_processor_count,
+                           cfg)
+        ok = bool(torch.equal(got, ref)) and bool(torch.equal(planned, ref)) and plan.blocked
         failures += not ok
-        rows.append({"merge": chunk, "width": width, "ctx": ctx, "splits": splits,
-                     "dtype": str(dtype), "zeros": zero,
-                     "merged_in_gemv": merges, "rel_err": err,
-                     "graph_equal": bool(torch.equal(replayed, got)), "ok": ok})
+        rows.append({"blocked": True, "n": n, "k": k, "act": act, "dtype": str(dtype),
+                     "zeros": zero, "plan": plan._asdict(), "ok": ok})
         if not ok:
             print("FAILED", json.dumps(rows[-1]))
     cfg.clear()
     cfg.update(shipped)
-    print(f"attention splits merged in the o GEMV: {served} of 60 cases served, "
-          f"{failures} failures")
-    return failures + (served == 0)
+    gt._BLOCKED.clear()
+    print(f"blocked layout: {sum(1 for r in rows if 'blocked' in r)} cases, {failures} failures")
+    return failures
 
 
 if __name__ == "__main__":

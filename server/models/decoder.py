@@ -65,28 +65,6 @@ class Ops:
     w4a16_linear = staticmethod(quant.w4a16_linear)
     fp8_linear = staticmethod(quant.fp8_linear)
     logits = staticmethod(logits_op.logits)
-    # The decode attention leaving its splits unmerged for the o projection to merge
-    # (`Attention.attend`): the twins never split, so they return the output itself.
-    decode_attention_parts = staticmethod(attention.paged_decode_attention)
-    merge_attention = staticmethod(attention.merged)
-
-    @staticmethod
-    def w4a16_takes_attention(q: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                              zeros: torch.Tensor | None, group_size: int) -> bool:
-        """Whether `w4a16_attention_linear` merges the splits of q's decode attention
-        itself (TritonOps: the one-row Gluon GEMV, where configured)."""
-        return False
-
-    @classmethod
-    def w4a16_attention_linear(cls, parts, qweight: torch.Tensor, scales: torch.Tensor,
-                               zeros: torch.Tensor | None, group_size: int,
-                               bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The 4-bit o projection of the decode attention's output (`[rows, heads,
-        head_dim]`, or its unmerged splits): merged, then the GEMM here; TritonOps merges
-        the splits as the one-row GEMV stages its input."""
-        o = cls.merge_attention(parts)
-        return cls.w4a16_linear(o.reshape(o.shape[0], -1), qweight, scales, zeros,
-                                group_size, bias)
 
     @classmethod
     def fp8_silu_linear(cls, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -192,12 +170,9 @@ class Attention(nn.Module):
         n = q.shape[0] if num_tokens is None else num_tokens
         d = meta.num_decodes
         if d == n and out is None:
-            # the o projection may merge the attention's splits itself (`finish`)
-            decode = (self.ops.decode_attention_parts
-                      if self.o_proj.takes_attention_parts(q)
-                      else self.ops.decode_attention)
-            return decode(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-                          self.scale, meta.k_scale, meta.v_scale)
+            return self.ops.decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                             meta.context_lens, self.scale, meta.k_scale,
+                                             meta.v_scale)
         if d == 0 and out is None:
             return self.ops.prefill_attention(q, self.k_cache, self.v_cache, meta.cu_seqlens_q,
                                               meta.context_lens, meta.block_tables, self.scale,
@@ -213,14 +188,10 @@ class Attention(nn.Module):
                                        meta.k_scale, meta.v_scale, out=o[d:n])
         return o
 
-    def finish(self, o) -> torch.Tensor:
+    def finish(self, o: torch.Tensor) -> torch.Tensor:
         """The output projection (and the tensor-parallel all-reduce) of the attention's
-        output, or of its unmerged splits (`attend` asked for them: the projection
-        merges them)."""
-        if isinstance(o, torch.Tensor):
-            out = self.o_proj(o.reshape(o.shape[0], self.q_size))
-        else:
-            out = self.o_proj.forward_attention(o)
+        output."""
+        out = self.o_proj(o.reshape(o.shape[0], self.q_size))
         return self.tp.all_reduce(out) if self.o_proj.reduce_results else out
 
 

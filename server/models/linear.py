@@ -128,19 +128,6 @@ class LinearMethod:
         a method whose kernel can take the activation in its input load overrides it."""
         return self.apply(layer, layer.ops.silu_and_mul(x), bias)
 
-    def takes_attention_parts(self, layer: "LinearBase", q: torch.Tensor) -> bool:
-        """Whether `apply_attention` merges the unmerged splits of the decode attention of
-        q `[rows, heads, head_dim]` itself (so the attention should leave them); a method
-        whose kernel can overrides it."""
-        return False
-
-    def apply_attention(self, layer: "LinearBase", parts,
-                        bias: torch.Tensor | None) -> torch.Tensor:
-        """This layer on the decode attention's output `[rows, heads, head_dim]`, given
-        as a tensor or as its unmerged splits (the ops' `merge_attention` merges them)."""
-        o = layer.ops.merge_attention(parts)
-        return self.apply(layer, o.reshape(o.shape[0], -1), bias)
-
 
 class UnquantizedLinearMethod(LinearMethod):
     name = "unquantized"
@@ -264,14 +251,6 @@ class LinearBase(nn.Module):
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """forward(silu(gate) * up) for x = `[gate | up]`."""
         return self.method.apply_silu_mul(self, x, self.bias)
-
-    def takes_attention_parts(self, q: torch.Tensor) -> bool:
-        """Whether `forward_attention` merges the splits of q's decode attention itself."""
-        return self.method.takes_attention_parts(self, q)
-
-    def forward_attention(self, parts) -> torch.Tensor:
-        """forward() of the decode attention's output, or of its unmerged splits."""
-        return self.method.apply_attention(self, parts, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, method={self.method.name}, "

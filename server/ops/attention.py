@@ -34,11 +34,6 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     vc[slots] = v
 
 
-def merged(o: torch.Tensor) -> torch.Tensor:
-    """The decode attention's output as the o projection takes it: these twins never
-    leave splits unmerged (`Ops.decode_attention_parts`), so it is the tensor itself."""
-    return o
-
 
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, ctx_len: int,
                     scale: float, dtype: torch.dtype) -> torch.Tensor:

@@ -305,78 +305,6 @@ if IMPORTED:
         _barrier()
 
     @gluon.jit
-    def _stage_merged(xs2, ml_ptr, acc_ptr, used_ptr, ml_splits, k_start, k_end,
-                      XS_TILES: gl.constexpr, CHUNK: gl.constexpr, SPLITS_PAD: gl.constexpr,
-                      WARPS: gl.constexpr):
-        """The program's K split of input row 0 merged from the decode attention's
-        deferred splits (`triton_attention.DecodeParts`; a K tile is one head of 128)
-        into shared memory, waited for by every thread: `_merge_splits`'s arithmetic
-        (the used splits' max, exp2 weights, the weighted accumulators over the weighted
-        sums, rounded to the row's dtype), CHUNK splits of every tile at a time (16-byte
-        loads), the first chunk requested with the (max, sum) pairs. Tiles past k_end
-        get zeros (never read)."""
-        # (max, sum) of [tiles, splits]: the splits across the threads
-        ML: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-        # [tiles, CHUNK, 128] accumulators: a warp reads a split's 128 floats of a tile as
-        # one 16-byte load a lane, the warps take consecutive splits
-        AC: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, WARPS, 1], [2, 1, 0])
-        W2: gl.constexpr = gl.SliceLayout(2, AC)       # [tiles, CHUNK]
-        O2: gl.constexpr = gl.SliceLayout(1, AC)       # [tiles, 128]
-        head0 = k_start // BK
-        t2 = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, W2))
-        c2 = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, W2))
-        d3 = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, AC)))[None, None, :]
-        r2 = (head0 + t2).to(gl.int64) * ml_splits
-        live2 = (k_start + t2 * BK) < k_end
-        # One trip to L2 for the used count, every split's (max, sum) and the first
-        # chunk's accumulators: none waits for another (splits past `used`, inside the
-        # grid's, are read and masked out after).
-        used = gl.load(used_ptr, cache_modifier=".cg")
-        s0, mc0, a0 = _merge_chunk(ml_ptr, acc_ptr, r2, live2, 0, c2, d3, ml_splits, CHUNK)
-        t1 = gl.arange(0, XS_TILES, layout=gl.SliceLayout(1, ML))
-        s1 = gl.arange(0, SPLITS_PAD, layout=gl.SliceLayout(0, ML))
-        r1 = ((head0 + t1).to(gl.int64) * ml_splits)[:, None] + s1[None, :]
-        in1 = ((k_start + t1 * BK) < k_end)[:, None] & (s1 < ml_splits)[None, :]
-        m = gl.load(ml_ptr + r1 * 2, mask=in1, other=float("-inf"), cache_modifier=".cg")
-        l = gl.load(ml_ptr + r1 * 2 + 1, mask=in1, other=0.0, cache_modifier=".cg")
-        ok1 = in1 & (s1 < used)[None, :]
-        m = gl.where(ok1, m, float("-inf"))
-        m_max = gl.max(m, 1)
-        m_max = gl.where(m_max == float("-inf"), 0.0, m_max)
-        w = gl.where(ok1, gl.exp2(m - m_max[:, None]), 0.0)
-        denom = gl.sum(w * gl.where(ok1, l, 0.0), 1)
-        denom = gl.where(denom == 0.0, 1.0, denom)
-        mx = gl.convert_layout(m_max, gl.SliceLayout(1, W2))
-        o = _merge_term(s0, mc0, a0, mx, live2, used)
-        for c0 in range(CHUNK, used, CHUNK):
-            s2, mc, a = _merge_chunk(ml_ptr, acc_ptr, r2, live2, c0, c2, d3, ml_splits, CHUNK)
-            o += _merge_term(s2, mc, a, mx, live2, used)
-        o = o / gl.convert_layout(denom, gl.SliceLayout(1, O2))[:, None]
-        xs2.store(o.to(xs2.dtype))
-        _barrier()
-
-    @gluon.jit
-    def _merge_chunk(ml_ptr, acc_ptr, r2, live2, c0, c2, d3, ml_splits, CHUNK: gl.constexpr):
-        """Splits c0 .. c0 + CHUNK - 1 of every tile's head (those in the grid): their
-        maxima `[tiles, CHUNK]` and accumulators `[tiles, CHUNK, 128]`."""
-        s2 = c0 + c2
-        r = r2[:, None] + s2[None, :]
-        inb = live2[:, None] & (s2 < ml_splits)[None, :]
-        mc = gl.load(ml_ptr + r * 2, mask=inb, other=float("-inf"), cache_modifier=".cg")
-        a = gl.load(acc_ptr + r[:, :, None] * BK + d3, mask=inb[:, :, None] & (d3 >= 0),
-                    other=0.0, cache_modifier=".cg")
-        return s2, mc, a
-
-    @gluon.jit
-    def _merge_term(s2, mc, a, mx, live2, used):
-        """A chunk's accumulators weighted by exp2(max - the head's max), summed over its
-        splits (those past `used` hold anything: zeroed, weight and value)."""
-        ok = live2[:, None] & (s2 < used)[None, :]
-        wc = gl.where(ok, gl.exp2(mc - mx[:, None]), 0.0)
-        a = gl.where(ok[:, :, None], a, 0.0)
-        return gl.sum(a * wc[:, :, None], 1)
-
-    @gluon.jit
     def _silu_mul(gate, up):
         """silu(gate) * up rounded where `triton_activation.silu_mul` rounds (the
         activation to the input dtype, then the product), in the input dtype: the same
@@ -387,7 +315,7 @@ if IMPORTED:
         act = (g / (1.0 + gl.exp(-g))).to(dt).to(gl.float32)
         return (act * up.to(gl.float32)).to(dt)
 
-    @gluon.jit(do_not_specialize=["M", "splits", "ml_splits"])
+    @gluon.jit(do_not_specialize=["M", "splits"])
     def _w4_gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr,
                             M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
                             GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
@@ -395,9 +323,7 @@ if IMPORTED:
                             WARPS: gl.constexpr, F16: gl.constexpr, PRELOAD: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
-                            XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
-                            ml_ptr=None, acc_ptr=None, used_ptr=None, ml_splits=1,
-                            MERGE: gl.constexpr = 0, MERGE_SPLITS_PAD: gl.constexpr = 1):
+                            XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -414,13 +340,7 @@ if IMPORTED:
         activations right before its MMA.
         ACT (with XS_TILES): x's row is `[gate | up]` (2K wide) and the input is
         silu(gate) * up, computed as the row is staged (the MLP's down projection without
-        the SiLU kernel before it).
-        MERGE (with XS_TILES; the o projection at one row): the row is the decode
-        attention's output, merged from its deferred splits as it is staged, MERGE splits
-        a step (`_stage_merged`; ml_ptr, acc_ptr, used_ptr, ml_splits: the attention's
-        `DecodeParts`, MERGE_SPLITS_PAD at least its grid's splits): the attention's
-        merge pass, and its trip through global memory, left out. x_ptr then only gives
-        the row's dtype."""
+        the SiLU kernel before it)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -458,11 +378,7 @@ if IMPORTED:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
                 w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
         if XS_TILES:
-            if MERGE:
-                _stage_merged(xs2, ml_ptr, acc_ptr, used_ptr, ml_splits, k_start, k_end,
-                              XS_TILES, MERGE, MERGE_SPLITS_PAD, WARPS)
-            else:
-                _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
+            _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         if DEPTH == 1:
             for k0 in range(k_start, k_end, BK):
                 w, s, z = wa, sa, za

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import triton
@@ -224,18 +223,14 @@ EARLY_READS = {"_decode_kernel": ("ctx_ptr", "bt_ptr", "kc_ptr", "vc_ptr"),
 @triton.jit(do_not_specialize=["want", "min_part", "max_part", "num_splits"],
             do_not_specialize_on_alignment=["bt_ptr", "ctx_ptr"])
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_ptr, cnt_ptr,
-                   used_ptr, qk_scale, k_scale, v_scale, want, min_part, max_part, num_splits,
+                   qk_scale, k_scale, v_scale, want, min_part, max_part, num_splits,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    stride_cblk, stride_ctok, stride_ch,
                    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
                    BLOCK_N: tl.constexpr, FP8: tl.constexpr, DIRECT: tl.constexpr,
                    F32: tl.constexpr, PAGE_AHEAD: tl.constexpr, FUSED: tl.constexpr,
-                   SPLITS_PAD: tl.constexpr, KV_EARLY: tl.constexpr, PDL: tl.constexpr,
-                   DEFER: tl.constexpr = False):
-    """DEFER (split launches): no merge here or after; split 0 of each row stores the
-    row's used split count at `used_ptr[b]` for the consumer that merges the splits
-    itself (`DecodeParts`)."""
+                   SPLITS_PAD: tl.constexpr, KV_EARLY: tl.constexpr, PDL: tl.constexpr):
     if not KV_EARLY:
         pdl_wait(PDL)
     b = tl.program_id(0)
@@ -309,9 +304,6 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, ml_ptr, acc_
         tl.store(ml_ptr + row * 2, m_i, mask=smask)
         tl.store(ml_ptr + row * 2 + 1, l_i, mask=smask)
         tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=smask[:, None])
-        if DEFER:
-            if (kvh == 0) & (sp == 0):
-                tl.store(used_ptr + b, tl.cdiv(ctx, part))
         if FUSED:
             # The row's splits that hold keys count in; the last merges them. An empty row
             # (a CUDA-graph padding row) is merged by its split 0: zeros, as the merge pass
@@ -443,48 +435,13 @@ def decode_plan(batch: int, num_kv_heads: int, max_ctx: int, device: torch.devic
     return DecodePlan(splits, want, lo, hi)
 
 
-class DecodeParts(NamedTuple):
-    """A split decode launch's unmerged result, for a consumer that merges the splits as it
-    reads them (the 4-bit o projection's GEMV: `triton_quant.w4a16_attention_linear`), or
-    `merge_decode_parts` for any other. Per row b and head h, split s of the grid's
-    `splits`: (max, sum) at `ml[2 r]`, `ml[2 r + 1]` and the float32 accumulator at
-    `acc[r * block_d:]`, r = (b * heads + h) * splits + s, for the row's first `used[b]`
-    splits (the rest unwritten); block_d = `_block_d(head_dim)`."""
-
-    ml: torch.Tensor
-    acc: torch.Tensor
-    used: torch.Tensor          # int32 [batch]
-    out: torch.Tensor           # `[batch, heads, head_dim]`, what the merge writes
-    context_lens: torch.Tensor
-    plan: DecodePlan
-
-
-def merge_decode_parts(parts: "DecodeParts | torch.Tensor") -> torch.Tensor:
-    """The attention output `[batch, heads, head_dim]`: the merge pass over deferred
-    splits (`paged_decode_attention(defer_merge=True)`), or the tensor as it is."""
-    if isinstance(parts, torch.Tensor):
-        return parts
-    out, plan = parts.out, parts.plan
-    batch, num_heads, head_dim = out.shape
-    _decode_reduce_kernel[(batch, num_heads)](
-        parts.ml, parts.acc, parts.context_lens, out, plan.want, plan.min_part,
-        plan.max_part, plan.splits, out.stride(0), out.stride(1), NUM_HEADS=num_heads,
-        D=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_N=DECODE_CONFIG["block_n"],
-        SPLITS_PAD=_pow2(plan.splits), KV_EARLY=bool(DECODE_CONFIG["kv_early"]),
-        num_warps=4, **launch_opts("merge"))
-    return out
-
-
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, k_scale: float = 1.0,
-                           v_scale: float = 1.0, out: torch.Tensor | None = None,
-                           defer_merge: bool = False) -> "torch.Tensor | DecodeParts":
+                           v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """One new token per sequence: q `[batch, num_heads, head_dim]` over its context.
     One program serves all query heads of a KV head; long contexts are split along the
-    sequence and merged by a second pass. `out` (optional) receives the result.
-    `defer_merge`: a split launch returns its `DecodeParts` unmerged (the consumer
-    merges them); an unsplit one returns the output as always."""
+    sequence and merged by a second pass. `out` (optional) receives the result."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -499,47 +456,35 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     splits = plan.splits
     direct = splits == 1
     cnt = None
-    used = out   # unused unless deferred
     if direct:
         ml = acc = out   # unused
     else:
         ml = torch.empty(batch * num_heads * splits * 2, dtype=torch.float32, device=q.device)
         acc = torch.empty(batch * num_heads * splits * block_d, dtype=torch.float32,
                           device=q.device)
-        if defer_merge:
-            used = torch.empty(batch, dtype=torch.int32, device=q.device)
-        elif cfg["fused_merge"] and splits <= cfg["fused_merge_max_splits"]:
+        if cfg["fused_merge"] and splits <= cfg["fused_merge_max_splits"]:
             cnt = arrival_counters(q.device, batch * num_kv_heads)
     fused = cnt is not None
-    defer = defer_merge and not direct
     early = bool(cfg["kv_early"]) and not direct
     _decode_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, ml, acc,
-        cnt if fused else ml, used, float(scale) * _LOG2E, float(k_scale), float(v_scale),
+        cnt if fused else ml, float(scale) * _LOG2E, float(k_scale), float(v_scale),
         plan.want, plan.min_part, plan.max_part, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, _pow2(group)), D=head_dim,
         BLOCK_D=block_d, BS=block_size, BLOCK_N=block_n, FP8=_is_fp8(k_cache.dtype),
         DIRECT=direct, F32=_INTERPRET, PAGE_AHEAD=bool(cfg["page_ahead"]), FUSED=fused,
-        SPLITS_PAD=_pow2(splits) if fused else 1, KV_EARLY=early, DEFER=defer,
+        SPLITS_PAD=_pow2(splits) if fused else 1, KV_EARLY=early,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **launch_opts("attention"))
-    if direct or fused:
-        return out
-    parts = DecodeParts(ml, acc, used, out, context_lens, plan)
-    return parts if defer else merge_decode_parts(parts)
-
-
-def paged_decode_attention_parts(q: torch.Tensor, k_cache: torch.Tensor,
-                                 v_cache: torch.Tensor, block_tables: torch.Tensor,
-                                 context_lens: torch.Tensor, scale: float,
-                                 k_scale: float = 1.0,
-                                 v_scale: float = 1.0) -> "torch.Tensor | DecodeParts":
-    """`paged_decode_attention` leaving a split launch's splits unmerged (`DecodeParts`)
-    for a consumer that merges them as it reads them; an unsplit one's output as is."""
-    return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                  k_scale, v_scale, defer_merge=True)
+    if not direct and not fused:
+        _decode_reduce_kernel[(batch, num_heads)](
+            ml, acc, context_lens, out, plan.want, plan.min_part, plan.max_part, splits,
+            out.stride(0), out.stride(1), NUM_HEADS=num_heads, D=head_dim, BLOCK_D=block_d,
+            BLOCK_N=block_n, SPLITS_PAD=_pow2(splits), KV_EARLY=early, num_warps=4,
+            **launch_opts("merge"))
+    return out
 
 
 # -- prefill (varlen, over the paged cache) ------------------------------------------------

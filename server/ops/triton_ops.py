@@ -26,7 +26,3 @@ class TritonOps(Ops):
     fp8_linear = staticmethod(triton_quant.fp8_linear)
     fp8_silu_linear = staticmethod(triton_quant.fp8_silu_linear)
     logits = staticmethod(triton_logits.logits)
-    decode_attention_parts = staticmethod(triton_attention.paged_decode_attention_parts)
-    merge_attention = staticmethod(triton_attention.merge_decode_parts)
-    w4a16_takes_attention = staticmethod(triton_quant.takes_attention)
-    w4a16_attention_linear = staticmethod(triton_quant.w4a16_attention_linear)

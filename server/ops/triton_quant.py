@@ -52,7 +52,7 @@ import triton.language as tl
 
 from pagefleet.server.ops import gluon_w4, gluon_w4_tma
 from pagefleet.server.ops import quant as twin
-from pagefleet.server.ops import triton_activation, triton_attention
+from pagefleet.server.ops import triton_activation
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_common import INTERPRET as _INTERPRET
 from pagefleet.server.ops.triton_common import dot as _dot
@@ -235,21 +235,11 @@ W4_CONFIG = {
     # computes silu(gate) * up as it stages the row (`w4a16_silu_linear`): the same bits,
     # one launch a layer fewer.
     "silu_stage": True,
-    # The o projection at one row merges the decode attention's splits as it stages its
-    # row (`w4a16_attention_linear`, `gluon_w4._stage_merged`), this many splits a step
-    # (0: off: the attention's merge pass, then the GEMV). In the engine's AWQ decode
-    # forward at B=1 the merge pass is ~92 us a step (3.3 a layer, mostly its launch and
-    # its trip through global memory) and leaving it out saved 65 (BENCHMARKS.md,
-    # 2026-12-04, seventeenth session). Built in the nineteenth session without a GPU;
-    # measured in the twenty-second (H200, engine_gemv_ab.py, 1K context): 1.975 ms at 8
-    # splits a step and 1.819 at 16 against 1.576 shipped, the o GEMV 143 -> 602 / 440 us
-    # a step (each of its 784 programs rereads its two heads' 17 splits after its wait),
-    # the same tokens, not the same bits. Off.
-    # Every output tile's programs merge their heads' splits again (o at B=1: 56 tiles,
-    # ~14 MB of L2 reads a layer at 17 splits), so the cost grows with the splits: where
-    # the attention's grid has more than merge_max_splits (a block table wider than
-    # 64 x that many tokens) the merge pass runs instead.
-    "merge_stage": 0, "merge_max_splits": 32,
+    # (The o projection merging the decode attention's splits as it stages its one row,
+    # `merge_stage`, nineteenth session: measured in the twenty-second on an H200, the
+    # AWQ B=1 forward 1.82-1.98 against 1.58 ms, each of o's 784 programs rereading its
+    # heads' splits; removed in the twenty-third, its code kept as
+    # benchmarks/results/2026-12-05d-merge_stage.patch.)
     "gemm_block_n": 64, "gemm_block_k": 128, "gemm_warps": 4, "gemm_stages": 4,
     # The tl.dot kernel (3 to dequant_min_m - 1 rows) with each word loaded once and
     # unpacked into nibble planes, N on the MMA's wide side (`_w4_gemm_planes_kernel`):
@@ -963,68 +953,13 @@ def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
                    bool(t.get("blocked")) and k % 128 == 0)
 
 
-def merge_plan(m: int, n: int, k: int, head_dim: int, sms: int, cfg: dict,
-               tma: bool = True, splits: int = 1) -> MmaPlan | None:
-    """The Gluon GEMV's plan where it merges the decode attention's splits as it stages
-    its one row (`w4a16_attention_linear`): cfg['merge_stage'] on, one row of 128-wide
-    heads (a K tile is one head), an attention grid of at most cfg['merge_max_splits']
-    `splits`, and a register-kernel plan (`mma_plan`; not the TMA or ring kernels), its
-    split's row staged; else None."""
-    if (not cfg["merge_stage"] or m != 1 or head_dim != 128
-            or splits > cfg["merge_max_splits"]):
-        return None
-    plan = mma_plan(m, n, k, sms, cfg, tma)
-    tiles_k = plan.per // 128
-    if plan.ring or plan.stages or tiles_k > cfg["gemv_mma_xsmem_max_tiles"]:
-        return None
-    return plan._replace(xs_tiles=triton.next_power_of_2(tiles_k))
-
-
-def takes_attention(q: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                    zeros: torch.Tensor | None, group_size: int) -> bool:
-    """Whether `w4a16_attention_linear` would merge the splits of the decode attention of
-    q `[rows, heads, head_dim]` in the GEMV (so the attention should leave them): the
-    projection's input is q's shape, dtype and device."""
-    if not W4_CONFIG["merge_stage"]:
-        return False
-    x = q.reshape(q.shape[0], -1)
-    m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
-    return (_gluon_ok(x, n, k, group_size, scales)
-            and merge_plan(m, n, k, q.shape[2], sm_count(x.device), W4_CONFIG,
-                           gluon_w4_tma.aligned(qweight, scales, zeros)) is not None)
-
-
-def w4a16_attention_linear(parts: "triton_attention.DecodeParts | torch.Tensor",
-                           qweight: torch.Tensor, scales: torch.Tensor,
-                           zeros: torch.Tensor | None, group_size: int,
-                           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`w4a16_linear` of the decode attention's output `[rows, heads, head_dim]` (the o
-    projection), given as a tensor or as its deferred splits (`DecodeParts`): where
-    `merge_plan` holds, the one-row GEMV merges the splits as it stages its row (the
-    merge pass and its trip through global memory left out); else the merge pass, then
-    the GEMV."""
-    x = parts.out if isinstance(parts, triton_attention.DecodeParts) else parts
-    x = x.reshape(x.shape[0], -1)
-    if isinstance(parts, triton_attention.DecodeParts):
-        m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
-        if (_gluon_ok(x, n, k, group_size, scales) and merge_plan(
-                m, n, k, parts.out.shape[2], sm_count(x.device), W4_CONFIG,
-                gluon_w4_tma.aligned(qweight, scales, zeros), parts.plan.splits) is not None):
-            return _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, parts=parts)
-        x = triton_attention.merge_decode_parts(parts).reshape(x.shape)
-    return w4a16_linear(x, qweight, scales, zeros, group_size, bias)
-
-
 def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
-                 parts: "triton_attention.DecodeParts | None" = None,
                  blocked: tuple[int, int] | None = None):
     """The Gluon GEMV's launch as `mma_plan` decides: the TMA kernel (one row, tensors
     TMA can read: its descriptors stand for the weight pointers), the ring kernel or the
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
-    `w4a16_silu_linear` checked). `parts`: x is the decode attention's unmerged output
-    and the register kernel merges it as it stages the row (`merge_plan`;
-    `w4a16_attention_linear` checked). `blocked`: the layer's (K, N), its tensors
+    `w4a16_silu_linear` checked). `blocked`: the layer's (K, N), its tensors
     `gluon_w4_tma.block_columns`'s (the TMA kernel only)."""
     m = x.shape[0]
     k, n = blocked or (qweight.shape[0] * 8, qweight.shape[1])
@@ -1032,9 +967,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     bn, warps = cfg["gemv_mma_block_n"], cfg["gemv_mma_warps"]
     tiles = n // bn
     tma = gluon_w4_tma.aligned(qweight, scales, zeros)
-    plan = (mma_plan(m, n, k, sm_count(x.device), cfg, tma) if parts is None else
-            merge_plan(m, n, k, parts.out.shape[2], sm_count(x.device), cfg, tma,
-                       parts.plan.splits))
+    plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma)
     splits, per = plan.splits, plan.per
     assert not blocked or plan.stages, "blocked tensors are the TMA kernel's alone"
     if plan.blocked and not blocked:
@@ -1058,14 +991,9 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)
     else:
-        merge = {}
-        if parts is not None:
-            merge = dict(ml_ptr=parts.ml, acc_ptr=parts.acc, used_ptr=parts.used,
-                         ml_splits=parts.plan.splits, MERGE=cfg["merge_stage"],
-                         MERGE_SPLITS_PAD=triton.next_power_of_2(parts.plan.splits))
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, **merge, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **common)
     return o.result(splits, bias, x.dtype)
 
 

@@ -58,12 +58,11 @@ def main() -> int:
     dc = ta.DECODE_CONFIG
     dec = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "bt_ptr": "*i32",
            "ctx_ptr": "*i64", "out_ptr": "*bf16", "ml_ptr": "*fp32", "acc_ptr": "*fp32",
-           "cnt_ptr": "*i32", "used_ptr": "*i32", "qk_scale": "fp32", "k_scale": "fp32",
-           "v_scale": "fp32"}
+           "cnt_ptr": "*i32", "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32"}
     dec_cx = {"NUM_HEADS": 28, "GROUP": 7, "GROUP_PAD": 16, "D": 128, "BLOCK_D": 128, "BS": 16,
               "BLOCK_N": dc["block_n"], "FP8": False, "F32": False,
               "PAGE_AHEAD": dc["page_ahead"], "FUSED": False, "SPLITS_PAD": 1,
-              "KV_EARLY": dc["kv_early"], "DEFER": False}
+              "KV_EARLY": dc["kv_early"]}
     g128 = {"GROUP": 128, "EVEN": True}   # the group size, and tiles that divide the shape
     cases = [
         ("w4 gemv, 128-row groups", tq._w4_gemv_kernel, int4, {**g128, "HAS_ZERO": True,
@@ -173,8 +172,6 @@ def main() -> int:
         ("decode attention, split, merged by the last program", ta._decode_kernel, dec,
          {**dec_cx, "DIRECT": False, "FUSED": True, "SPLITS_PAD": 32}, dc["num_warps"],
          dc["num_stages"]),
-        ("decode attention, split, merge deferred to the o projection", ta._decode_kernel,
-         dec, {**dec_cx, "DIRECT": False, "DEFER": True}, dc["num_warps"], dc["num_stages"]),
         ("decode attention, direct", ta._decode_kernel, dec, {**dec_cx, "DIRECT": True},
          dc["num_warps"], dc["num_stages"]),
         ("decode reduce", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
@@ -466,7 +463,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     # (every constexpr named: one left out of the signature compiles as an argument)
-    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "MERGE": 0, "MERGE_SPLITS_PAD": 1}
+    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
@@ -475,11 +472,6 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                # down at one row: silu(gate) * up computed as the row is staged
                "one row silu": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 16,
                                                          "ACT": True}),
-               # o at one row: the decode attention's splits merged as the row is staged
-               # (Qwen2.5-7B's plan: two heads a split; up to 32 attention splits)
-               "one row merged": (gw._w4_gemv_mma_kernel,
-                                  {**pre, "DEPTH": 1, "XS_TILES": 2,
-                                   "MERGE": w4["merge_stage"] or 8, "MERGE_SPLITS_PAD": 32}),
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),
@@ -508,11 +500,8 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                          int(spills.group(1)) if spills else -1,
                          len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
                          bool(copies) == (kind in ("ring", "one row"))
-                         and bool(exps) == (kind in ("one row silu", "one row merged")))
-    # the merging o GEMV must keep the register kernel's programs an SM (its plan's aim)
-    merged_cap = 65536 // (warps * 32 * w4["gemv_mma_programs_per_sm"])
-    if any(r < 0 or r > 96 or sp or not mma or not cp or (k == "one row merged" and r > merged_cap)
-           for (k, _), (r, sp, mma, cp) in got.items()):
+                         and bool(exps) == (kind == "one row silu"))
+    if any(r < 0 or r > 96 or sp or not mma or not cp for (r, sp, mma, cp) in got.values()):
         print(f"FAILED {name}: (registers, spill bytes, mma.sync, cp.async and SiLU where "
               f"due) {got}")
         return False
@@ -522,8 +511,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
 
 # The register (and ring) GEMV's arguments as a real launch types them: its activations,
 # outputs and bias in the row's dtype, the words int32, fp16 scales, uint8 zero points,
-# the attention's deferred splits (the o projection's merge), and the arguments Triton
-# specializes as multiples of 16.
+# and the arguments Triton specializes as multiples of 16.
 REGISTER_GEMV_ALIGNED = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", "N", "K",
                          "stride_xm", "stride_os", "stride_om", "k_per_split"]
 
@@ -531,8 +519,7 @@ REGISTER_GEMV_ALIGNED = ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_p
 def register_gemv_types(dt: str) -> dict[str, str]:
     """The register GEMV's pointer types for `dt` ("fp16" or "bf16") activations."""
     return {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
-            "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32",
-            "ml_ptr": "*fp32", "acc_ptr": "*fp32", "used_ptr": "*i32"}
+            "b_ptr": f"*{dt}", "part_ptr": "*fp32", "res_ptr": f"*{dt}", "cnt_ptr": "*i32"}
 
 
 # The TMA GEMV's arguments as a real launch types them: its activations, outputs and

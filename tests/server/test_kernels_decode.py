@@ -103,61 +103,6 @@ def test_decode_split_and_direct_paths_agree(monkeypatch):
         assert rel_err(out, ref) <= TOL[torch.float16]
 
 
-def _merge_as_consumer(parts) -> torch.Tensor:
-    """What a consumer of `DecodeParts` computes (gluon_w4._stage_merged, in torch): each
-    row's first `used` splits merged from (max, sum, accumulator), zeros for a row
-    without keys. It reads nothing else, so it fails if `used` or the layout is wrong."""
-    batch, heads, d = parts.out.shape
-    splits = parts.plan.splits
-    block_d = parts.acc.numel() // (batch * heads * splits)
-    ml = parts.ml.view(batch, heads, splits, 2).cpu()
-    acc = parts.acc.view(batch, heads, splits, block_d)[..., :d].cpu()
-    out = torch.zeros(batch, heads, d)
-    for b in range(batch):
-        u = int(parts.used[b])
-        assert 0 <= u <= splits
-        if u:
-            m, l = ml[b, :, :u, 0], ml[b, :, :u, 1]
-            w = torch.exp2(m - m.max(dim=1, keepdim=True).values)
-            out[b] = (w[..., None] * acc[b, :, :u]).sum(1) / (w * l).sum(1, keepdim=True)
-    return out
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_decode_parts_deferred_for_the_consumer(dtype, monkeypatch):
-    """`paged_decode_attention_parts`: a split launch leaves its splits unmerged with
-    each row's used split count, which is all a consumer needs (the o projection's
-    GEMV, `gluon_w4._stage_merged`): merged from them alone they give the attention's
-    output; the merge pass over them (`merge_decode_parts`) gives the bits the
-    undeferred call gives; an unsplit launch returns its output as always."""
-    rng = random.Random(17)
-    ctx = [700, 1, 33, 0, 64, 65, 300, 129]
-    bs, hk, hq, d = 16, 2, 4, 32
-    nb = sum(-(-c // bs) for c in ctx) + 3
-    kc, vc = make_cache(nb, bs, hk, d, dtype, 9)
-    tables = block_tables_for(ctx, bs, nb, rng)
-    ctx_t = torch.tensor(ctx, dtype=torch.int64, device=DEV)
-    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(4)).to(dtype)
-    for key, value in (("target_programs", 1 << 20), ("split_programs", 24),
-                       ("min_partition", 64), ("max_partition", 192), ("block_n", 32)):
-        monkeypatch.setitem(triton_attention.DECODE_CONFIG, key, value)
-    parts = triton_attention.paged_decode_attention_parts(q, kc, vc, tables, ctx_t, 0.2)
-    assert isinstance(parts, triton_attention.DecodeParts) and parts.plan.splits > 1
-    whole = triton_attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2)
-    ref = attention.paged_decode_attention(q, kc, vc, tables, ctx_t, 0.2)
-    rows = [i for i, c in enumerate(ctx) if c]   # the twin's empty row is NaN (0 / 0)
-    mine = _merge_as_consumer(parts)
-    assert rel_err(mine[rows], ref[rows].float()) <= TOL[dtype]
-    assert torch.equal(mine[3], torch.zeros(hq, d))
-    assert len(set(parts.used.tolist())) > 2   # rows took their own split counts
-    assert torch.equal(triton_attention.merge_decode_parts(parts), whole)
-    # one program a (row, KV head) fills the GPU: no split, the output itself
-    monkeypatch.setitem(triton_attention.DECODE_CONFIG, "target_programs", 1)
-    direct = triton_attention.paged_decode_attention_parts(q, kc, vc, tables, ctx_t, 0.2)
-    assert isinstance(direct, torch.Tensor)
-    assert rel_err(direct[rows], ref[rows]) <= TOL[dtype]
-
-
 @pytest.mark.parametrize("want_programs", [1, 24, 4096])
 def test_decode_rows_pick_their_own_splits(monkeypatch, want_programs):
     """One launch, rows of 1 to 700 tokens: each row's split count comes from its own

@@ -255,31 +255,6 @@ def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, tma, plan):
     assert got.stages <= got.per // 128          # no ring slot the split never fills
 
 
-@pytest.mark.parametrize("m, n, k, head_dim, splits, changes, merges", [
-    (1, 3584, 3584, 128, 17, {}, True),     # o at B=1: its plan, the row staged (2 tiles)
-    (1, 3584, 3584, 128, 32, {}, True),
-    (1, 3584, 3584, 128, 33, {}, False),    # too many splits: every tile would reread them
-    (1, 3584, 3584, 128, 64, {"merge_max_splits": 64}, True),
-    (1, 3584, 3584, 128, 17, {"merge_stage": 0}, False),   # off
-    (2, 3584, 3584, 128, 17, {}, False),    # one row only
-    (1, 3584, 3584, 64, 17, {}, False),     # a K tile must be one head
-    (1, 37888, 3584, 128, 17, {}, False),   # gate_up's shape: the TMA kernel's plan
-])
-def test_o_projection_merges_the_splits_only_where_planned(m, n, k, head_dim, splits,
-                                                          changes, merges):
-    """`merge_plan`: the one-row register GEMV merges the decode attention's splits as it
-    stages its row only with merge_stage on, one row of 128-wide heads, an attention grid
-    of at most merge_max_splits splits and a register-kernel plan; its split's tiles
-    staged (a power of two)."""
-    from pagefleet.server.ops import triton_quant as tq
-    cfg = {**tq.W4_CONFIG, "merge_stage": 8, **changes}
-    got = tq.merge_plan(m, n, k, head_dim, 132, cfg, True, splits)
-    assert (got is not None) is merges
-    if merges:
-        base = tq.mma_plan(m, n, k, 132, cfg, True)
-        assert got == base._replace(xs_tiles=2) and got.per == 256 and not got.stages
-
-
 @pytest.mark.parametrize("block_n, warps", [(128, 4), (32, 4), (16, 1)])
 def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
     """The TMA kernel's register layouts give each math warp 16 columns of the tile

@@ -47,13 +47,3 @@ class Int4Method(LinearMethod):
             return self.apply(layer, layer.ops.silu_and_mul(x), bias)
         return layer.ops.w4a16_silu_linear(x, layer.qweight, layer.scales, layer.zeros,
                                            layer.group_size, bias)
-
-    def takes_attention_parts(self, layer, q):
-        return layer.perm is None and layer.ops.w4a16_takes_attention(
-            q, layer.qweight, layer.scales, layer.zeros, layer.group_size)
-
-    def apply_attention(self, layer, parts, bias):
-        if layer.perm is not None:   # act-order (never given the splits): gather after
-            return super().apply_attention(layer, parts, bias)
-        return layer.ops.w4a16_attention_linear(parts, layer.qweight, layer.scales,
-                                                layer.zeros, layer.group_size, bias)
