@@ -19,7 +19,10 @@ Beside each, the same layers in `gluon_w4_tma.block_columns`'s layout (each prog
 column tile stored contiguously; "blocked"): whether the checkpoint's layout, where a
 program reads 256-byte pieces a whole row (N x 4 bytes) apart, costs DRAM efficiency once
 the programs drift apart (the copies-only kernel, which keeps them in step, streamed at
-the read floor).
+the read floor). And the same layers through the stream-K form
+(`_w4_gemv_tma_stream_kernel`, BALANCE_STREAM programs an SM, 5 by default: every SM the
+same tiles; not the same bits where a column tile's sum is split, so how far it moved
+the output is recorded).
 
 BALANCE_SHAPES='[["label", N, K], ...]' replaces the shapes; BALANCE_CONFIG='{...}' sets
 W4_CONFIG keys first.
@@ -27,6 +30,7 @@ W4_CONFIG keys first.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -57,6 +61,9 @@ def main() -> None:
     from pagefleet.server.ops import triton_quant as tq
     bn = tq.W4_CONFIG["gemv_mma_block_n"]
     tq.W4_CONFIG.update(json.loads(os.environ.get("BALANCE_CONFIG") or "{}"))
+    stream_row = copy.deepcopy(tq.W4_CONFIG["gemv_mma_one_row"])
+    for cls in ("unsplit", "deep"):   # every SM the same tiles (stream-K, 5 programs an SM)
+        stream_row[cls]["tma"]["stream"] = int(os.environ.get("BALANCE_STREAM", "5"))
     shapes = json.loads(os.environ.get("BALANCE_SHAPES") or "null") or SHAPES
     out_dir = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +90,14 @@ def main() -> None:
             return [tq._w4_gemv_mma(x, qw, s, z, 128, None, blocked=(k, n))
                     for qw, s, z in blocked]
 
+        def gemvs_stream():
+            shipped = tq.W4_CONFIG["gemv_mma_one_row"]
+            tq.W4_CONFIG["gemv_mma_one_row"] = stream_row
+            try:
+                return [tq.w4a16_linear(x, qw, s, z, 128) for qw, s, z in layers]
+            finally:
+                tq.W4_CONFIG["gemv_mma_one_row"] = shipped
+
         def reads():
             for qw, _s, _z in layers:
                 w = qw.reshape(-1)
@@ -92,7 +107,12 @@ def main() -> None:
         row["blocked_same_bits"] = all(
             torch.equal(a, tq.w4a16_linear(x, *layers[i], 128))
             for i, a in enumerate(gemvs_blocked()))
-        for name, fn in (("gemv", gemvs), ("blocked", gemvs_blocked), ("read", reads)):
+        row["stream_off_reference"] = max(
+            ((a.float() - tq.w4a16_linear(x, *layers[i], 128).float()).abs().max()
+             / tq.w4a16_linear(x, *layers[i], 128).float().abs().max()).item()
+            for i, a in enumerate(gemvs_stream()))
+        for name, fn in (("gemv", gemvs), ("blocked", gemvs_blocked), ("stream", gemvs_stream),
+                         ("read", reads)):
             fn()
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
@@ -104,11 +124,13 @@ def main() -> None:
         row["words_MB"] = mb
         row["gemv_us_per_MB"] = row["gemv_us"] / mb
         row["blocked_us_per_MB"] = row["blocked_us"] / mb
+        row["stream_us_per_MB"] = row["stream_us"] / mb
         row["read_us_per_MB"] = row["read_us"] / mb
         rows.append(row)
         log(f"{label:12s} {row['programs']:4d} programs {mb:6.1f} MB  gemv {row['gemv_us']:6.2f} us"
             f" ({row['gemv_us_per_MB']:.4f} us/MB)  blocked {row['blocked_us']:6.2f} us"
-            f" (same bits {row['blocked_same_bits']})  read {row['read_us']:6.2f} us"
+            f" (same bits {row['blocked_same_bits']})  stream {row['stream_us']:6.2f} us"
+            f" (off {row['stream_off_reference']:.1e})  read {row['read_us']:6.2f} us"
             f" ({row['read_us_per_MB']:.4f} us/MB)")
         (out_dir / "gemv_balance.json").write_text(json.dumps(rows, indent=1))
         del layers, blocked

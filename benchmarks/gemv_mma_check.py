@@ -120,7 +120,17 @@ def main() -> int:
                 "deep": {"tma": {"split_tiles": 5, "stages": 2, "maxnreg": 48}},
                 "other": {"tma": {"split_tiles": 3, "stages": 3, "maxnreg": 40}}},
                {"unsplit": {"tma": {"split_tiles": 1, "stages": 1, "maxnreg": 40}},
-                "other": {"tma": {"split_tiles": 2, "stages": 4, "maxnreg": 48}}})
+                "other": {"tma": {"split_tiles": 2, "stages": 4, "maxnreg": 48}}},
+               # the stream-K form (segments crossing column tiles, partial sums summed by
+               # the last arrival), on the checkpoint's layout and the blocked copy
+               {"unsplit": {"tma": {"stages": 6, "maxnreg": 48, "stream": 5}},
+                "deep": {"tma": {"split_tiles": 14, "stages": 4, "maxnreg": 48, "stream": 5}},
+                "other": {"tma": {"split_tiles": 3, "stages": 3, "maxnreg": 40, "stream": 3}}},
+               {"unsplit": {"tma": {"stages": 4, "maxnreg": 48, "stream": 4, "blocked": True}},
+                "deep": {"tma": {"split_tiles": 14, "stages": 4, "maxnreg": 48, "stream": 5,
+                                 "blocked": True}},
+                "other": {"tma": {"split_tiles": 3, "stages": 3, "maxnreg": 40, "stream": 7,
+                                  "blocked": True}}})
     rows_variant = {"other": {"depth": 2}, "unsplit": {"depth": 3}, "deep": {"depth": 3}}
     cases = [(1, "gemv_mma_one_row", v) for v in one_row] + \
         [(m, "gemv_mma_rows", rows_variant) for m in (2, 5)]

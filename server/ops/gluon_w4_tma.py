@@ -36,6 +36,8 @@ programs an SM.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -163,12 +165,12 @@ if IMPORTED:
         return gl.convert_layout(x, B_L, assert_trivial=True)
 
     @gluon.jit
-    def _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N: gl.constexpr,
+    def _tile(words, scl, zps, full, xs, xzero, t, xt, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_ZERO: gl.constexpr, F16: gl.constexpr,
               MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, W_L: gl.constexpr,
               X_L: gl.constexpr, BOX_L: gl.constexpr, VEC_L: gl.constexpr):
-        """K tile t's operands, once its copies landed: A (the decoded words), B (the
-        staged row's K tile) and the float32 scales by MMA row."""
+        """Ring tile t's operands, once its copies landed: A (the decoded words), B (the
+        staged row's tile xt) and the float32 scales by MMA row."""
         NB: gl.constexpr = BLOCK_N // BOX_N
         st = t % STAGES
         mbarrier.wait(full.index(st), (t // STAGES) & 1)
@@ -190,7 +192,7 @@ if IMPORTED:
             a = gluon_w4._operand_a_fma(w, zz, zh, BLOCK_N, A_L)
         else:
             a = gluon_w4._operand_a(w, zz, BLOCK_N, A_L, F16)
-        x1 = xs.index(t).load(gl.SliceLayout(1, X_L))
+        x1 = xs.index(xt).load(gl.SliceLayout(1, X_L))
         x = gl.broadcast(gl.expand_dims(x1, 1), xzero)[0]
         return a, _operand_b_paired(x, B_L), s
 
@@ -222,7 +224,7 @@ if IMPORTED:
         acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
         n_tiles = (k_end - k_start) // BK
         for t in range(n_tiles):
-            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, BLOCK_N, STAGES,
+            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, t, BLOCK_N, STAGES,
                             HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
             prod = gluon_w4.mma_v2(a, b, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
                                                   layout=MMA))
@@ -231,19 +233,11 @@ if IMPORTED:
         gluon_w4._finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr,
                          stride_os, stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
 
-    @gluon.jit(do_not_specialize=["M", "splits"])
-    def _w4_gemv_tma_kernel(x_ptr, w_desc, s_desc, z_desc, b_ptr, part_ptr, res_ptr, cnt_ptr,
-                            M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
-                            w_rows, s_rows, GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
-                            WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
-                            XS_TILES: gl.constexpr, ACT: gl.constexpr,
-                            SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
-                            PDL: gl.constexpr, BLOCKED: gl.constexpr):
-        """One program: BLOCK_N (16 x WARPS) output columns over one K split, one input
-        row (M = 1) staged in shared memory (XS_TILES: a power of two, at least the
-        split's tiles); the weights through a ring of STAGES tiles (a split of at most
-        STAGES tiles is requested whole at the start)."""
+    @gluon.jit
+    def _ring_buffers(x_ptr, w_desc, s_desc, z_desc, BLOCK_N: gl.constexpr,
+                      WARPS: gl.constexpr, STAGES: gl.constexpr, XS_TILES: gl.constexpr):
+        """The program's shared memory: the ring's slots (words, scales, zero points) and
+        their full / empty mbarriers, initialized; the staged row."""
         NB: gl.constexpr = BLOCK_N // BOX_N
         words = gl.allocate_shared_memory(gl.int32, [STAGES, NB * 16, BOX_N], w_desc.layout)
         # a TMA destination starts on 128 bytes: a tile's scales and zero points are
@@ -260,6 +254,24 @@ if IMPORTED:
             mbarrier.init(full.index(i), count=1)
             mbarrier.init(empty.index(i), count=WARPS * 32)
         fence_async_shared()
+        return words, scl, zps, full, empty, xs2
+
+    @gluon.jit(do_not_specialize=["M", "splits"])
+    def _w4_gemv_tma_kernel(x_ptr, w_desc, s_desc, z_desc, b_ptr, part_ptr, res_ptr, cnt_ptr,
+                            M, N, K, stride_xm, stride_os, stride_om, k_per_split, splits,
+                            w_rows, s_rows, GROUP: gl.constexpr, HAS_ZERO: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+                            WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
+                            XS_TILES: gl.constexpr, ACT: gl.constexpr,
+                            SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
+                            PDL: gl.constexpr, BLOCKED: gl.constexpr):
+        """One program: BLOCK_N (16 x WARPS) output columns over one K split, one input
+        row (M = 1) staged in shared memory (XS_TILES: a power of two, at least the
+        split's tiles); the weights through a ring of STAGES tiles (a split of at most
+        STAGES tiles is requested whole at the start)."""
+        NB: gl.constexpr = BLOCK_N // BOX_N
+        words, scl, zps, full, empty, xs2 = _ring_buffers(x_ptr, w_desc, s_desc, z_desc,
+                                                          BLOCK_N, WARPS, STAGES, XS_TILES)
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
         k_start = pid_s * k_per_split
@@ -273,6 +285,150 @@ if IMPORTED:
              (_produce, (w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end,
                          n0, pid_n, w_rows, s_rows, GROUP, NB, HAS_ZERO, STAGES, BLOCKED))],
             [1], [PRODUCER_REGS])
+
+    # -- stream-K: every program the same number of K tiles (the layout A/B's twin) -------
+    # The shipped grid gives gate_up 592 programs of 28 tiles on 132 SMs, 5 an SM on 64 of
+    # them and 4 on the rest: the busiest SM streams 11% more than the mean (down: 616, 7%).
+    # Here P programs take equal ranges of the (column tile, K tile) sequence; a range
+    # that crosses column tiles leaves each crossed tile a partial sum, which the tile's
+    # last program to arrive adds up (`gluon_w4._finish`'s split-K sum). `stream_owner`
+    # and `stream_range` are the arithmetic, in Python for the plan and the tests.
+
+    @gluon.jit
+    def _owner(g, T, P):
+        """The program whose range holds global tile g (`stream_owner`)."""
+        return ((g + 1) * P - 1) // T
+
+    @gluon.jit
+    def _produce_stream(w_desc, s_desc, z_desc, words, scl, zps, full, empty, g0, g1,
+                        tiles_k, w_rows, s_rows, GROUP: gl.constexpr, NB: gl.constexpr,
+                        HAS_ZERO: gl.constexpr, STAGES: gl.constexpr,
+                        BLOCKED: gl.constexpr, BLOCK_N: gl.constexpr):
+        """`_produce` over the program's range of global tiles [g0, g1): tile g is K tile
+        g % tiles_k of column tile g // tiles_k."""
+        for t in range(g1 - g0):
+            g = g0 + t
+            b = g // tiles_k
+            st = t % STAGES
+            mbarrier.wait(empty.index(st), ((t // STAGES) & 1) ^ 1)
+            if BLOCKED:
+                wr0 = b * w_rows
+                sr0 = b * s_rows
+                c0 = 0
+            else:
+                wr0 = 0
+                sr0 = 0
+                c0 = b * BLOCK_N
+            _issue(w_desc, s_desc, z_desc, words.index(st), scl.index(st), zps.index(st),
+                   full.index(st), (g - b * tiles_k) * BK, wr0, sr0, c0, GROUP, NB, HAS_ZERO)
+
+    @gluon.jit
+    def _consume_stream(x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full, empty,
+                        xs2, M, N, K, stride_os, stride_om, g0, g1, tiles_k, T, P, pid,
+                        HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+                        WARPS: gl.constexpr, F16: gl.constexpr, STAGES: gl.constexpr,
+                        XS_TILES: gl.constexpr, ACT: gl.constexpr, SPLITS_PAD: gl.constexpr,
+                        PDL: gl.constexpr):
+        """`_consume` over the program's range, one segment a column tile it crosses: the
+        segment's part of the row staged (after every math warp finished the segment
+        before), its tiles multiplied, its sum stored whole where the segment is the
+        column tile's only one, else as one of the tile's partial sums."""
+        NB: gl.constexpr = BLOCK_N // BOX_N
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        W_L: gl.constexpr = gluon_w4.words_layout(BLOCK_N, WARPS)
+        X_L: gl.constexpr = gluon_w4.acts_layout(WARPS)
+        BOX_L: gl.constexpr = box_layout(NB, WARPS)
+        VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
+        gluon_w4.pdl_wait(PDL)
+        xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
+        xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)
+        m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        col = 16 * (m // 16) + 2 * (m % 8) + (m % 16) // 8
+        om = gl.arange(0, gluon_w4.ROWS, layout=gl.SliceLayout(0, MMA))
+        b0 = g0 // tiles_k
+        for si in range((g1 - 1) // tiles_k - b0 + 1):
+            b = b0 + si
+            s0 = gl.maximum(g0, b * tiles_k)
+            s1 = gl.minimum(g1, b * tiles_k + tiles_k)
+            kt0 = s0 - b * tiles_k
+            gluon_w4._barrier()   # the segment before read its row
+            _stage_row_paired(xs2, x_ptr, kt0 * BK, (kt0 + s1 - s0) * BK, K, XS_TILES, WARPS,
+                              ACT)
+            acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
+            for j in range(s1 - s0):
+                t = s0 - g0 + j
+                a, bo, s = _tile(words, scl, zps, full, xs, xzero, t, j, BLOCK_N, STAGES,
+                                 HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
+                prod = gluon_w4.mma_v2(a, bo, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
+                                                       layout=MMA))
+                acc = acc + prod * s[:, None]
+                async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
+            first = _owner(b * tiles_k, T, P)
+            parts = _owner(b * tiles_k + tiles_k - 1, T, P) - first + 1
+            sn = b * BLOCK_N + col
+            if parts == 1:
+                if HAS_BIAS:
+                    acc += gl.load(b_ptr + sn, mask=sn < N, other=0.0).to(gl.float32)[:, None]
+                offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
+                gl.store(res_ptr + offs, acc.to(res_ptr.dtype.element_ty),
+                         mask=(om < M)[None, :] & (sn < N)[:, None])
+            else:
+                gluon_w4._finish(acc, sn, b, pid - first, M, N, b_ptr, part_ptr, res_ptr,
+                                 cnt_ptr, stride_os, stride_om, parts, HAS_BIAS, SPLITS_PAD,
+                                 True, MMA)
+
+    @gluon.jit(do_not_specialize=["M", "T", "P"])
+    def _w4_gemv_tma_stream_kernel(x_ptr, w_desc, s_desc, z_desc, b_ptr, part_ptr, res_ptr,
+                                   cnt_ptr, M, N, K, stride_xm, stride_os, stride_om, tiles_k,
+                                   T, P, w_rows, s_rows, GROUP: gl.constexpr,
+                                   HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr,
+                                   BLOCK_N: gl.constexpr, WARPS: gl.constexpr,
+                                   F16: gl.constexpr, STAGES: gl.constexpr,
+                                   XS_TILES: gl.constexpr, ACT: gl.constexpr,
+                                   SPLITS_PAD: gl.constexpr, PDL: gl.constexpr,
+                                   BLOCKED: gl.constexpr):
+        """`_w4_gemv_tma_kernel` in stream-K form: program p of P takes global tiles
+        [p T / P, (p + 1) T / P) of the T = column tiles x tiles_k (XS_TILES: a power of
+        two, at least a range's length); partial sums go to `part_ptr` (slot: the
+        program's rank among its column tile's), summed by the tile's last arrival
+        (`cnt_ptr`, one counter a column tile) into `res_ptr`."""
+        NB: gl.constexpr = BLOCK_N // BOX_N
+        words, scl, zps, full, empty, xs2 = _ring_buffers(x_ptr, w_desc, s_desc, z_desc,
+                                                          BLOCK_N, WARPS, STAGES, XS_TILES)
+        pid = gl.program_id(0)
+        g0 = pid * T // P
+        g1 = (pid + 1) * T // P
+        gl.warp_specialize(
+            [(_consume_stream, (x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full,
+                                empty, xs2, M, N, K, stride_os, stride_om, g0, g1, tiles_k, T,
+                                P, pid, HAS_ZERO, HAS_BIAS, BLOCK_N, WARPS, F16, STAGES,
+                                XS_TILES, ACT, SPLITS_PAD, PDL)),
+             (_produce_stream, (w_desc, s_desc, z_desc, words, scl, zps, full, empty, g0, g1,
+                                tiles_k, w_rows, s_rows, GROUP, NB, HAS_ZERO, STAGES, BLOCKED,
+                                BLOCK_N))],
+            [1], [PRODUCER_REGS])
+
+
+def stream_owner(g: int, tiles: int, programs: int) -> int:
+    """The program of `programs` whose stream-K range holds global tile g of `tiles`
+    (program p: [p tiles // programs, (p + 1) tiles // programs))."""
+    return ((g + 1) * programs - 1) // tiles
+
+
+@functools.lru_cache(maxsize=256)   # a plan is made at every launch
+def stream_shape(tiles_n: int, tiles_k: int, programs: int) -> tuple[int, int, int]:
+    """(programs, most partial sums a column tile gets, longest segment in tiles) of the
+    stream-K grid over `tiles_n` column tiles of `tiles_k` K tiles, at most `programs`
+    programs (none empty)."""
+    total = tiles_n * tiles_k
+    p = max(1, min(programs, total))
+    parts = max(stream_owner((b + 1) * tiles_k - 1, total, p)
+                - stream_owner(b * tiles_k, total, p) + 1 for b in range(tiles_n))
+    longest = min(tiles_k, -(-total // p))
+    return p, parts, longest
 
 
 def block_columns(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,

@@ -885,6 +885,8 @@ class MmaPlan(NamedTuple):
     stages: int = 0  # the TMA kernel's ring slots (0: not the TMA kernel)
     maxnreg: int = 0  # the TMA kernel's register cap
     blocked: bool = False  # the TMA kernel reads `gluon_w4_tma.blocked_copy` (A/B only)
+    stream: int = 0  # the TMA kernel in stream-K form: its programs (splits: the most
+    #                  partial sums a column tile gets; xs_tiles: its longest segment's)
 
 
 # The keys a layer class's plan may carry (W4_CONFIG "gemv_mma_one_row" / "gemv_mma_rows")
@@ -893,7 +895,7 @@ class MmaPlan(NamedTuple):
 # the variant's name; the benchmarks refuse such variants (`plan_key_errors`).
 PLAN_CLASSES = frozenset({"unsplit", "deep", "other"})
 CLASS_PLAN_KEYS = frozenset({"xsmem", "depth", "programs_per_sm", "tma"})
-TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles", "blocked"})
+TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles", "blocked", "stream"})
 
 
 def plan_key_errors(cfg: dict) -> list[str]:
@@ -912,7 +914,8 @@ def plan_key_errors(cfg: dict) -> list[str]:
     return errors
 
 
-def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> MmaPlan:
+def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True,
+             stream: bool = True) -> MmaPlan:
     """The Gluon GEMV's launch for `m` rows of an (N, K) layer on `sms` multiprocessors:
     the split-K target, and at one row the overrides of the layer's class
     (cfg['gemv_mma_one_row'], its "tma" plan where `tma`: the tensors allow TMA). Decided
@@ -928,6 +931,12 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True) -> M
     if (m == 1 and tma and "tma" in over
             and cfg["gemv_mma_block_n"] == 16 * cfg["gemv_mma_warps"] >= 32):
         plan = _tma_plan(k, over["tma"], cfg)
+        if (plan is not None and stream and over["tma"].get("stream") and cfg["fused_reduce"]
+                and k % 128 == 0):
+            p, parts, longest = gluon_w4_tma.stream_shape(tiles, k // 128,
+                                                          over["tma"]["stream"] * sms)
+            plan = plan._replace(splits=parts, xs_tiles=triton.next_power_of_2(longest),
+                                 stream=p)
         if plan is not None:
             return plan
     if "programs_per_sm" in over:
@@ -960,7 +969,9 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked). `blocked`: the layer's (K, N), its tensors
-    `gluon_w4_tma.block_columns`'s (the TMA kernel only)."""
+    `gluon_w4_tma.block_columns`'s (the TMA kernel only). A plan's `stream`: the TMA
+    kernel's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`), whose partial
+    sums need the arrival counters (where they cannot be had, the split grid serves)."""
     m = x.shape[0]
     k, n = blocked or (qweight.shape[0] * 8, qweight.shape[1])
     cfg = W4_CONFIG
@@ -968,12 +979,15 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     tiles = n // bn
     tma = gluon_w4_tma.aligned(qweight, scales, zeros)
     plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma)
+    o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
+    if plan.stream and not o.fused:   # no counters (first needed inside a capture)
+        plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma, stream=False)
+        o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
     splits, per = plan.splits, plan.per
     assert not blocked or plan.stages, "blocked tensors are the TMA kernel's alone"
     if plan.blocked and not blocked:
         qweight, scales, zeros = gluon_w4_tma.blocked_copy(qweight, scales, zeros, bn)
         blocked = (k, n)
-    o = _outputs(splits, m, n, tiles, x, x.dtype, bias, cfg)
     args = (x, qweight, scales, zeros if zeros is not None else scales,
             bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits)
@@ -981,7 +995,16 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
-    if plan.stages:
+    if plan.stream:
+        gluon_w4_tma._w4_gemv_tma_stream_kernel[(plan.stream,)](
+            x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:8], m, n, k,
+            x.stride(0), o.part.stride(0), o.part.stride(1), k // 128, tiles * (k // 128),
+            plan.stream, k // 8 if blocked else 0, scales.shape[0] * bn // n if blocked else 0,
+            GROUP=common["GROUP"], HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias,
+            BLOCK_N=bn, WARPS=warps, F16=x.dtype == torch.float16, STAGES=plan.stages,
+            XS_TILES=plan.xs_tiles, ACT=act, SPLITS_PAD=o.splits_pad, BLOCKED=bool(blocked),
+            maxnreg=plan.maxnreg, num_warps=warps, **launch_opts("gemv"))
+    elif plan.stages:
         gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
             x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
             k // 8 if blocked else 0, scales.shape[0] * bn // n if blocked else 0,

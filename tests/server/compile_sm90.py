@@ -219,6 +219,7 @@ def main() -> int:
     failed += not gluon_prefill_splits_registers(target)
     failed += not gluon_gemv_feeds_mma_in_registers(target, w4)
     failed += not gluon_tma_gemv_streams_by_tma(target, w4)
+    failed += not gluon_tma_stream_k_compiles(target, w4)
     failed += not step_inputs_read_before_the_wait(target, dec, dec_cx, dc, rope, rope_cx)
     return 1 if failed else 0
 
@@ -596,6 +597,53 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     print(f"ok {name} {got}")
     return True
 
+
+
+def gluon_tma_stream_k_compiles(target, w4: dict) -> bool:
+    """The TMA GEMV's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`, the
+    balance A/B's; a "tma" plan's "stream" key) at gate_up's and down's plans (down with
+    the SiLU staged, both layouts): weights by TMA, waits on mbarriers, mma.sync, the
+    partial sums' arrival counter, no spills within the register cap."""
+    import re
+
+    name = "w4 GEMV, Gluon TMA stream-K: compiles within the plan's registers"
+    from triton.experimental.gluon._runtime import GluonASTSource
+    bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    fn = gt._w4_gemv_tma_stream_kernel
+    got = {}
+    for cls, n, k, blocked in (("unsplit", 37888, 3584, False), ("deep", 3584, 18944, False),
+                               ("unsplit", 37888, 3584, True)):
+        t = {**w4["gemv_mma_one_row"][cls]["tma"], "stream": 5}
+        cfg = {**w4, "gemv_mma_one_row": {**w4["gemv_mma_one_row"], cls: {"tma": t}}}
+        plan = tq.mma_plan(1, n, k, 132, cfg)
+        cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
+              "F16": True, "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
+              "ACT": cls == "deep", "SPLITS_PAD": triton.next_power_of_2(plan.splits),
+              "PDL": 1, "BLOCKED": blocked}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+                 for a in TMA_GEMV_ALIGNED if a in fn.arg_names}
+        ptrs = tma_gemv_types("fp16", bn, True)
+        sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+        try:
+            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
+                                       {"num_warps": warps, "maxnreg": plan.maxnreg})
+        except Exception as e:   # noqa: BLE001 - reported like the others
+            print(f"FAILED {name} ({cls}): {e!r}"[:2000])
+            return False
+        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+        spills = re.search(r"(\d+) bytes spill stores", log)
+        ok = (plan.stream > 0 and bool(regs) and max(regs) <= plan.maxnreg
+              and spills is not None and int(spills.group(1)) == 0
+              and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
+              and "mbarrier.try_wait" in ptx and "atom.global" in ptx
+              and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx)))
+        got[cls, "blocked" if blocked else "checkpoint"] = (plan.stream, plan.splits,
+                                                            max(regs) if regs else -1, ok)
+    if not all(v[-1] for v in got.values()):
+        print(f"FAILED {name}: (programs, partial sums, registers, checks) {got}")
+        return False
+    print(f"ok {name} {got}")
+    return True
 
 if __name__ == "__main__":
     sys.exit(main())

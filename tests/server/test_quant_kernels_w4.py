@@ -225,19 +225,19 @@ def test_gluon_gemv_ring_serves_its_rows(m, changes, ring):
 @pytest.mark.parametrize("m, n, k, sms, tma, plan", [
     # Qwen2.5-7B's layers on an H200's 132 multiprocessors: (splits, K a split, ring,
     # tiles of weights in flight, tiles of the row staged in shared memory, TMA ring
-    # slots, TMA register cap, the blocked copy: an A/B's only)
-    (1, 37888, 3584, 132, True, (1, 3584, False, 1, 32, 6, 48, False)),   # gate_up: TMA, unsplit
-    (1, 3584, 18944, 132, True, (11, 1792, False, 1, 16, 4, 48, False)),  # down: 14-tile splits
-    (1, 4608, 3584, 132, True, (10, 384, False, 1, 0, 0, 0, False)),      # qkv: registers
-    (1, 3584, 3584, 132, True, (14, 256, False, 1, 0, 0, 0, False)),      # o
+    # slots, TMA register cap, the blocked copy and stream-K programs: A/Bs' only)
+    (1, 37888, 3584, 132, True, (1, 3584, False, 1, 32, 6, 48, False, 0)),   # gate_up: TMA, unsplit
+    (1, 3584, 18944, 132, True, (11, 1792, False, 1, 16, 4, 48, False, 0)),  # down: 14-tile splits
+    (1, 4608, 3584, 132, True, (10, 384, False, 1, 0, 0, 0, False, 0)),      # qkv: registers
+    (1, 3584, 3584, 132, True, (14, 256, False, 1, 0, 0, 0, False, 0)),      # o
     # tensors TMA cannot read: the register kernel's plans
-    (1, 37888, 3584, 132, False, (1, 3584, False, 3, 32, 0, 0, False)),
-    (1, 3584, 18944, 132, False, (11, 1792, False, 3, 16, 0, 0, False)),  # 5 an SM, 3 deep
-    (2, 37888, 3584, 132, True, (1, 3584, False, 3, 0, 0, 0, False)),     # 2-4 rows: no staging
-    (4, 3584, 18944, 132, True, (14, 1408, False, 1, 0, 0, 0, False)),    # ... the base split
-    (8, 37888, 3584, 132, True, (1, 3584, True, 1, 0, 0, 0, False)),      # the ring's rows
+    (1, 37888, 3584, 132, False, (1, 3584, False, 3, 32, 0, 0, False, 0)),
+    (1, 3584, 18944, 132, False, (11, 1792, False, 3, 16, 0, 0, False, 0)),  # 5 an SM, 3 deep
+    (2, 37888, 3584, 132, True, (1, 3584, False, 3, 0, 0, 0, False, 0)),     # 2-4 rows: no staging
+    (4, 3584, 18944, 132, True, (14, 1408, False, 1, 0, 0, 0, False, 0)),    # ... the base split
+    (8, 37888, 3584, 132, True, (1, 3584, True, 1, 0, 0, 0, False, 0)),      # the ring's rows
     # one multiprocessor: down is unsplit, its 148 K tiles too many to stage
-    (1, 3584, 18944, 1, True, (1, 18944, False, 3, 0, 0, 0, False)),
+    (1, 3584, 18944, 1, True, (1, 18944, False, 3, 0, 0, 0, False, 0)),
 ])
 def test_gluon_gemv_plan_by_layer_class(m, n, k, sms, tma, plan):
     """At one row gate_up and down run the TMA kernel (gate_up unsplit, down in 14-tile
@@ -282,6 +282,63 @@ def test_blocked_copy_is_an_ab_plan_key_where_k_fills_its_tiles():
     assert not tq.mma_plan(1, 37888, 3584 + 64, 132, cfg).blocked
     assert not tq.mma_plan(1, 3584, 18944, 132, cfg).blocked     # down: not asked
     assert not tq.mma_plan(1, 37888, 3584, 132, tq.W4_CONFIG).blocked
+
+
+@pytest.mark.parametrize("tiles_n, tiles_k, programs", [
+    (592, 28, 660), (56, 148, 660), (592, 28, 528), (7, 5, 9), (3, 4, 100), (64, 28, 64)])
+def test_stream_k_ranges_cover_every_tile_once(tiles_n, tiles_k, programs):
+    """The stream-K grid (`gluon_w4_tma.stream_shape` / `stream_owner`, what
+    `_w4_gemv_tma_stream_kernel` computes): program p's range [p T / P, (p + 1) T / P)
+    of the T = tiles_n x tiles_k tiles, none empty, cover every tile once; each column
+    tile's segments go to distinct partial-sum slots (the program's rank among the tile's
+    owners) below the plan's count; no segment is longer than the staged row. Summed the
+    kernel's way (a segment's tiles, then the slots in order) a product equals the whole."""
+    import torch
+
+    from pagefleet.server.ops import gluon_w4_tma as gt
+    p, parts, longest = gt.stream_shape(tiles_n, tiles_k, programs)
+    total = tiles_n * tiles_k
+    assert p == min(programs, total)
+    g = torch.Generator().manual_seed(tiles_n * 31 + tiles_k)
+    w = torch.randint(-8, 8, (tiles_n, tiles_k), generator=g).double()
+    slots = torch.zeros(tiles_n, parts, dtype=torch.float64)
+    seen = torch.zeros(tiles_n, tiles_k, dtype=torch.int64)
+    for q in range(p):
+        g0, g1 = q * total // p, (q + 1) * total // p
+        assert g1 > g0
+        for b in range(g0 // tiles_k, (g1 - 1) // tiles_k + 1):
+            s0, s1 = max(g0, b * tiles_k), min(g1, (b + 1) * tiles_k)
+            assert s1 - s0 <= longest
+            first = gt.stream_owner(b * tiles_k, total, p)
+            count = gt.stream_owner((b + 1) * tiles_k - 1, total, p) - first + 1
+            assert 0 <= q - first < count <= parts
+            assert all(gt.stream_owner(t, total, p) == q for t in range(s0, s1))
+            seen[b, s0 - b * tiles_k:s1 - b * tiles_k] += 1
+            slots[b, q - first] += w[b, s0 - b * tiles_k:s1 - b * tiles_k].sum()
+    assert bool((seen == 1).all())
+    assert torch.equal(slots.sum(1), w.sum(1))
+
+
+def test_stream_plan_key():
+    """A "tma" plan's "stream" key (programs an SM): the stream-K form at gate_up's and
+    down's shapes, its partial sums counted and its longest segment staged; none without
+    the fused split-K sum it relies on, and none unless asked."""
+    import copy
+
+    from pagefleet.server.ops import triton_quant as tq
+    one_row = copy.deepcopy(tq.W4_CONFIG["gemv_mma_one_row"])
+    for cls in ("unsplit", "deep"):
+        one_row[cls]["tma"]["stream"] = 5
+    cfg = {**tq.W4_CONFIG, "gemv_mma_one_row": one_row}
+    assert tq.plan_key_errors(cfg) == []
+    gate_up = tq.mma_plan(1, 37888, 3584, 132, cfg)
+    assert (gate_up.stream, gate_up.splits, gate_up.xs_tiles, gate_up.stages) == (660, 3, 32, 6)
+    down = tq.mma_plan(1, 3584, 18944, 132, cfg)
+    assert (down.stream, down.xs_tiles, down.stages) == (660, 16, 4) and down.splits >= 12
+    assert tq.mma_plan(1, 37888, 3584, 132, cfg, stream=False).stream == 0
+    assert tq.mma_plan(1, 37888, 3584, 132, {**cfg, "fused_reduce": False}).stream == 0
+    assert tq.mma_plan(1, 37888, 3584, 132, tq.W4_CONFIG).stream == 0
+    assert tq.mma_plan(1, 4608, 3584, 132, cfg).stream == 0      # qkv: the register kernel
 
 
 def test_block_columns_stores_each_column_tile_contiguously():
