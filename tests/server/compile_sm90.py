@@ -598,7 +598,6 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     return True
 
 
-
 def gluon_tma_stream_k_compiles(target, w4: dict) -> bool:
     """The TMA GEMV's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`, the
     balance A/B's; a "tma" plan's "stream" key) at gate_up's and down's plans (down with
