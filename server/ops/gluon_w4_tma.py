@@ -292,7 +292,8 @@ if IMPORTED:
     # Here P programs take equal ranges of the (column tile, K tile) sequence; a range
     # that crosses column tiles leaves each crossed tile a partial sum, which the tile's
     # last program to arrive adds up (`gluon_w4._finish`'s split-K sum). `stream_owner`
-    # and `stream_range` are the arithmetic, in Python for the plan and the tests.
+    # and `stream_shape` are the arithmetic, in Python for the plan and the tests
+    # (`_owner` is `stream_owner`'s formula).
 
     @gluon.jit
     def _owner(g, T, P):
