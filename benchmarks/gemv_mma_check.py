@@ -130,7 +130,11 @@ def main() -> int:
                 "deep": {"tma": {"split_tiles": 14, "stages": 4, "maxnreg": 48, "stream": 5,
                                  "blocked": True}},
                 "other": {"tma": {"split_tiles": 3, "stages": 3, "maxnreg": 40, "stream": 7,
-                                  "blocked": True}}})
+                                  "blocked": True}}},
+               # the register kernel on the blocked copy, one and three tiles deep
+               {"other": {"blocked": True},
+                "unsplit": {"xsmem": True, "depth": 3, "blocked": True},
+                "deep": {"xsmem": True, "programs_per_sm": 5, "depth": 3, "blocked": True}})
     rows_variant = {"other": {"depth": 2}, "unsplit": {"depth": 3}, "deep": {"depth": 3}}
     cases = [(1, "gemv_mma_one_row", v) for v in one_row] + \
         [(m, "gemv_mma_rows", rows_variant) for m in (2, 5)]

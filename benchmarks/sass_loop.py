@@ -154,7 +154,7 @@ def gluon_tile_cases() -> dict:
         cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn,
               "WARPS": warps, "F16": True, "PRELOAD": w4["gemv_mma_preload"],
               "SPLITS_PAD": 4, "FUSED": True, "PDL": 1, "DEPTH": depth, "XS_TILES": 0,
-              "ACT": False}
+              "ACT": False, "BLOCKED": False}
         cases[f"w4a16 Gluon register gemv, {rows}"] = (
             gluon_w4._w4_gemv_mma_kernel, reg_ptrs, cx, warps, REGISTER_GEMV_ALIGNED, {}, depth)
     return cases
@@ -216,7 +216,7 @@ def loop_cases() -> dict:
              "res_ptr": "*fp16", "cnt_ptr": "*i32"},
             {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False, "BLOCK_N": bn, "WARPS": warps,
              "F16": True, "PRELOAD": w4["gemv_mma_preload"], "SPLITS_PAD": 4, "FUSED": True,
-             "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False},
+             "PDL": 1, "DEPTH": 1, "XS_TILES": 0, "ACT": False, "BLOCKED": False},
             warps, 1, ["x_ptr", "qw_ptr", "s_ptr", "z_ptr", "part_ptr", "res_ptr", *sizes],
             128 * bn / (32 * warps))
     return cases

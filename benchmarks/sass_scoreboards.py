@@ -55,7 +55,7 @@ def kernel_case(extra: dict) -> tuple:
     cx = {"GROUP": 128, "HAS_ZERO": True, "HAS_BIAS": False,
           "BLOCK_N": W4_CONFIG["gemv_mma_block_n"], "WARPS": warps, "F16": True,
           "SPLITS_PAD": 1, "FUSED": False, "PDL": 1, "PRELOAD": True, "DEPTH": 1,
-          "XS_TILES": 0, "ACT": False,
+          "XS_TILES": 0, "ACT": False, "BLOCKED": False,
           **extra}
     return fn, ptrs, cx, warps, REGISTER_GEMV_ALIGNED
 

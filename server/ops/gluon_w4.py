@@ -323,7 +323,8 @@ if IMPORTED:
                             WARPS: gl.constexpr, F16: gl.constexpr, PRELOAD: gl.constexpr,
                             SPLITS_PAD: gl.constexpr, FUSED: gl.constexpr,
                             PDL: gl.constexpr, DEPTH: gl.constexpr = 1,
-                            XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False):
+                            XS_TILES: gl.constexpr = 0, ACT: gl.constexpr = False,
+                            w_rows=0, s_rows=0, BLOCKED: gl.constexpr = False):
         """One program: BLOCK_N output columns (N a multiple of it) over one K split (a
         multiple of 128) for all M <= 8 input rows. PRELOAD: the first tiles' weights are
         requested before the wait for the kernel before (they do not depend on it), so
@@ -340,7 +341,10 @@ if IMPORTED:
         activations right before its MMA.
         ACT (with XS_TILES): x's row is `[gate | up]` (2K wide) and the input is
         silu(gate) * up, computed as the row is staged (the MLP's down projection without
-        the SiLU kernel before it)."""
+        the SiLU kernel before it).
+        BLOCKED: the words, scales and zero points in `gluon_w4_tma.block_columns`'s
+        layout at BLOCK_N columns (the program's column tile its own w_rows word rows and
+        s_rows scale rows; the layout A/B's)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
         A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -357,34 +361,44 @@ if IMPORTED:
         k_start = pid_s * k_per_split
         k_end = gl.minimum(K, k_start + k_per_split)
         # words ([K / 8, N], the tile's 16 rows advanced by the loads' row argument)
-        wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_L))
+        if BLOCKED:   # the tile's own rows, BLOCK_N words apart
+            qw_ptr = qw_ptr + pid_n.to(gl.int64) * w_rows * BLOCK_N
+            s_ptr = s_ptr + pid_n * s_rows * BLOCK_N
+            z_ptr = z_ptr + pid_n * s_rows * BLOCK_N
+            ld = BLOCK_N
+            n0 = 0
+        else:
+            ld = N
+            n0 = pid_n * BLOCK_N
+        wn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_L))
         wr = gl.arange(0, 16, layout=gl.SliceLayout(0, W_L))
-        w_base = qw_ptr + (k_start // 8 + wr).to(gl.int64)[None, :] * N + wn[:, None]
+        w_base = qw_ptr + (k_start // 8 + wr).to(gl.int64)[None, :] * ld + wn[:, None]
         # activations
         xk = gl.arange(0, BK, layout=gl.SliceLayout(1, X_L))
         xm = gl.arange(0, ROWS, layout=gl.SliceLayout(0, X_L))
         x_ptrs = x_ptr + xm.to(gl.int64)[None, :] * stride_xm + xk[:, None]
         x_mask = (xm < M)[None, :] & (xk >= 0)[:, None]
         xzero = gl.zeros([BK, ROWS], x_ptr.dtype.element_ty, layout=X_L)
-        # scales (the accumulator's rows) and zero points (the words' rows)
+        # scales (the accumulator's rows, as read: sl) and zero points (the words' rows)
         sn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        sl = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
         acc = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=MMA)
         last_k = k_end - BK
         if PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
-                w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
+                w_base, s_ptr, z_ptr, sl, wn, k_start, last_k, ld, GROUP, HAS_ZERO, DEPTH)
         pdl_wait(PDL)
         if not PRELOAD:
             wa, sa, za, wb, sb, zb, wc, sc, zc = _first_tiles(
-                w_base, s_ptr, z_ptr, sn, wn, k_start, last_k, N, GROUP, HAS_ZERO, DEPTH)
+                w_base, s_ptr, z_ptr, sl, wn, k_start, last_k, ld, GROUP, HAS_ZERO, DEPTH)
         if XS_TILES:
             _stage_row(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         if DEPTH == 1:
             for k0 in range(k_start, k_end, BK):
                 w, s, z = wa, sa, za
                 # the next tile (the last reloads itself)
-                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
-                                         gl.minimum(k0 + BK, last_k), k_start, N, GROUP,
+                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sl, wn,
+                                         gl.minimum(k0 + BK, last_k), k_start, ld, GROUP,
                                          HAS_ZERO)
                 acc = _step(acc, w, s, z, xs, x_ptrs, x_mask, k0, k_start, xzero, BLOCK_N,
                             A_L, B_L, MMA, F16, X_L, XS_TILES)
@@ -393,22 +407,22 @@ if IMPORTED:
             for k0 in range(k_start, k_end, DEPTH * BK):
                 acc = _step(acc, wa, sa, za, xs, x_ptrs, x_mask, k0, k_start, xzero,
                             BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
-                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
-                                         gl.minimum(k0 + DEPTH * BK, last_k), k_start, N,
+                wa, sa, za = _tile_loads(w_base, s_ptr, z_ptr, sl, wn,
+                                         gl.minimum(k0 + DEPTH * BK, last_k), k_start, ld,
                                          GROUP, HAS_ZERO)
                 if k0 + BK < k_end:
                     acc = _step(acc, wb, sb, zb, xs, x_ptrs, x_mask, k0 + BK, k_start,
                                 xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L, XS_TILES)
-                wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
+                wb, sb, zb = _tile_loads(w_base, s_ptr, z_ptr, sl, wn,
                                          gl.minimum(k0 + (DEPTH + 1) * BK, last_k), k_start,
-                                         N, GROUP, HAS_ZERO)
+                                         ld, GROUP, HAS_ZERO)
                 if DEPTH == 3:
                     if k0 + 2 * BK < k_end:
                         acc = _step(acc, wc, sc, zc, xs, x_ptrs, x_mask, k0 + 2 * BK,
                                     k_start, xzero, BLOCK_N, A_L, B_L, MMA, F16, X_L,
                                     XS_TILES)
-                    wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sn, wn,
-                                             gl.minimum(k0 + 5 * BK, last_k), k_start, N,
+                    wc, sc, zc = _tile_loads(w_base, s_ptr, z_ptr, sl, wn,
+                                             gl.minimum(k0 + 5 * BK, last_k), k_start, ld,
                                              GROUP, HAS_ZERO)
         _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)

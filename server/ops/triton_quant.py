@@ -884,7 +884,8 @@ class MmaPlan(NamedTuple):
     xs_tiles: int    # one input row staged in shared memory: tiles allocated (0: not)
     stages: int = 0  # the TMA kernel's ring slots (0: not the TMA kernel)
     maxnreg: int = 0  # the TMA kernel's register cap
-    blocked: bool = False  # the TMA kernel reads `gluon_w4_tma.blocked_copy` (A/B only)
+    blocked: bool = False  # the TMA or register kernel reads `gluon_w4_tma.blocked_copy`
+    #                        (the layout A/B's only)
     stream: int = 0  # the TMA kernel in stream-K form: its programs (splits: the most
     #                  partial sums a column tile gets; xs_tiles: its longest segment's)
 
@@ -894,7 +895,7 @@ class MmaPlan(NamedTuple):
 # (a saved patch's key with the patch not applied) would time the shipped kernel under
 # the variant's name; the benchmarks refuse such variants (`plan_key_errors`).
 PLAN_CLASSES = frozenset({"unsplit", "deep", "other"})
-CLASS_PLAN_KEYS = frozenset({"xsmem", "depth", "programs_per_sm", "tma"})
+CLASS_PLAN_KEYS = frozenset({"xsmem", "depth", "programs_per_sm", "tma", "blocked"})
 TMA_PLAN_KEYS = frozenset({"stages", "maxnreg", "split_tiles", "blocked", "stream"})
 
 
@@ -945,7 +946,8 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True,
     tiles_k = per // 128
     xs = (triton.next_power_of_2(tiles_k) if m == 1 and over.get("xsmem")
           and tiles_k <= cfg["gemv_mma_xsmem_max_tiles"] else 0)
-    return MmaPlan(splits, per, False, over.get("depth", 1), xs)
+    return MmaPlan(splits, per, False, over.get("depth", 1), xs,
+                   blocked=bool(over.get("blocked")) and k % 128 == 0)
 
 
 def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
@@ -969,7 +971,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked). `blocked`: the layer's (K, N), its tensors
-    `gluon_w4_tma.block_columns`'s (the TMA kernel only). A plan's `stream`: the TMA
+    `gluon_w4_tma.block_columns`'s (the TMA and register kernels only). A plan's `stream`: the TMA
     kernel's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`), whose partial
     sums need the arrival counters (where they cannot be had, the split grid serves)."""
     m = x.shape[0]
@@ -984,7 +986,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
         plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma, stream=False)
         o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
     splits, per = plan.splits, plan.per
-    assert not blocked or plan.stages, "blocked tensors are the TMA kernel's alone"
+    assert not blocked or not plan.ring, "the ring kernel reads the checkpoint's layout"
     if plan.blocked and not blocked:
         qweight, scales, zeros = gluon_w4_tma.blocked_copy(qweight, scales, zeros, bn)
         blocked = (k, n)
@@ -1016,7 +1018,9 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     else:
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, **common)
+            XS_TILES=plan.xs_tiles, ACT=act, **common,
+            **(dict(w_rows=k // 8, s_rows=scales.shape[0] * bn // n, BLOCKED=True)
+               if blocked else {}))
     return o.result(splits, bias, x.dtype)
 
 

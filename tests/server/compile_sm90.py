@@ -464,7 +464,7 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
     from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     # (every constexpr named: one left out of the signature compiles as an argument)
-    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False}
+    pre = {"PRELOAD": w4["gemv_mma_preload"], "ACT": False, "BLOCKED": False}
     one = w4["gemv_mma_one_row"]["unsplit"]
     kernels = {"registers": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0}),
                # one row: staged in shared memory (by cp.async), weights tiles deep
@@ -473,6 +473,9 @@ def gluon_gemv_feeds_mma_in_registers(target, w4: dict) -> bool:
                # down at one row: silu(gate) * up computed as the row is staged
                "one row silu": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 16,
                                                          "ACT": True}),
+               # q/k/v and o at one row in the blocked layout (the layout A/B's form)
+               "one row blocked": (gw._w4_gemv_mma_kernel, {**pre, "DEPTH": 1, "XS_TILES": 0,
+                                                            "BLOCKED": True}),
                "rows deep": (gw._w4_gemv_mma_kernel,
                              {**pre, "DEPTH": w4["gemv_mma_rows"]["unsplit"]["depth"],
                               "XS_TILES": 0}),

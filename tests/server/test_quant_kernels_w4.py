@@ -267,9 +267,9 @@ def test_tma_plan_needs_a_warp_per_16_columns(block_n, warps):
 
 
 def test_blocked_copy_is_an_ab_plan_key_where_k_fills_its_tiles():
-    """A "tma" plan's "blocked" key (the layout A/B: the TMA kernel reads a copy of the
-    layer with each column tile's rows together) is a key `mma_plan` reads, and holds
-    only where K is whole 128-row tiles (a box of a ragged last tile would read the next
+    """A "tma" plan's "blocked" key, or a class's (the layout A/B: the TMA or register
+    kernel reads a copy of the layer with each column tile's rows together) is a key
+    `mma_plan` reads, and holds only where K is whole 128-row tiles (a box of a ragged last tile would read the next
     column tile's rows)."""
     import copy
 
@@ -282,6 +282,11 @@ def test_blocked_copy_is_an_ab_plan_key_where_k_fills_its_tiles():
     assert not tq.mma_plan(1, 37888, 3584 + 64, 132, cfg).blocked
     assert not tq.mma_plan(1, 3584, 18944, 132, cfg).blocked     # down: not asked
     assert not tq.mma_plan(1, 37888, 3584, 132, tq.W4_CONFIG).blocked
+    # a register-kernel class (q/k/v, o at one row) takes the key beside its plan's
+    one_row["other"] = {"blocked": True}
+    assert tq.plan_key_errors(cfg) == []
+    qkv = tq.mma_plan(1, 4608, 3584, 132, cfg)
+    assert qkv.blocked and not qkv.stages and not qkv.ring
 
 
 @pytest.mark.parametrize("tiles_n, tiles_k, programs", [
