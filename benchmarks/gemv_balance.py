@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv_step_ab import _read_floor_kernel  # noqa: E402
-from gpu_bench import log, median_ms  # noqa: E402
+from gpu_bench import graph_ms, log  # noqa: E402
 
 LAYERS = 28
 # gate_up's width at 528 (4 an SM), 592 (shipped) and 660 (5 an SM) programs; down's
@@ -112,13 +112,7 @@ def main() -> None:
             for i, a in enumerate(gemvs_stream()))
         for name, fn in (("gemv", gemvs), ("blocked", gemvs_blocked), ("stream", gemvs_stream),
                          ("read", reads)):
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            row[f"{name}_us"] = median_ms(g.replay, n=30) * 1e3 / LAYERS
-            del g
+            row[f"{name}_us"] = graph_ms(fn, reps=1) * 1e3 / LAYERS
         mb = n * k / 2 / 1e6
         row["words_MB"] = mb
         row["gemv_us_per_MB"] = row["gemv_us"] / mb

@@ -112,22 +112,29 @@ if IMPORTED:
             _tma_load(z_desc, [sr0 + kk // GROUP, c0], bar, zps.slice(0, 1))
 
     @gluon.jit
-    def _produce(w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end, n0,
+    def _origin(b, w_rows, s_rows, BLOCK_N: gl.constexpr, BLOCKED: gl.constexpr):
+        """Column tile b's first word row, first scale row and first column in the
+        tensors: its own rows of `block_columns`'s layout (BLOCKED), else its columns of
+        the checkpoint's `[K / 8, N]` and `[groups, N]`."""
+        if BLOCKED:
+            wr0 = b * w_rows
+            sr0 = b * s_rows
+            c0 = 0
+        else:
+            wr0 = 0
+            sr0 = 0
+            c0 = b * BLOCK_N
+        return wr0, sr0, c0
+
+    @gluon.jit
+    def _produce(w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end,
                  pid_n, w_rows, s_rows, GROUP: gl.constexpr, NB: gl.constexpr,
                  HAS_ZERO: gl.constexpr, STAGES: gl.constexpr, BLOCKED: gl.constexpr):
         """The producer warp: every K tile of the split into the ring, each into a slot
         the consumers released (a slot's first round passes at once). It reads nothing
         the kernel before writes, so it never waits for it (PDL). BLOCKED: the tensors
-        are `block_columns`'s (each program's column tile its own w_rows word rows and
-        s_rows scale rows), else the checkpoint's `[K / 8, N]` and `[groups, N]`."""
-        if BLOCKED:
-            wr0 = pid_n * w_rows
-            sr0 = pid_n * s_rows
-            c0 = 0
-        else:
-            wr0 = 0
-            sr0 = 0
-            c0 = n0
+        are `block_columns`'s (`_origin`)."""
+        wr0, sr0, c0 = _origin(pid_n, w_rows, s_rows, NB * BOX_N, BLOCKED)
         n_tiles = (k_end - k_start) // BK
         for t in range(n_tiles):
             st = t % STAGES
@@ -197,6 +204,27 @@ if IMPORTED:
         return a, _operand_b_paired(x, B_L), s
 
     @gluon.jit
+    def _accumulate(acc, words, scl, zps, full, empty, xs, xzero, t, xt,
+                    BLOCK_N: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+                    HAS_ZERO: gl.constexpr, F16: gl.constexpr):
+        """acc plus ring tile t's product with the staged row's tile xt, its scales
+        applied; then this thread releases the slot (its shared loads are complete)."""
+        NB: gl.constexpr = BLOCK_N // BOX_N
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        a, b, s = _tile(words, scl, zps, full, xs, xzero, t, xt, BLOCK_N, STAGES, HAS_ZERO,
+                        F16, MMA, A_L, B_L, gluon_w4.words_layout(BLOCK_N, WARPS),
+                        gluon_w4.acts_layout(WARPS), box_layout(NB, WARPS),
+                        vec_layout(BLOCK_N, WARPS))
+        prod = gluon_w4.mma_v2(a, b, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
+                                              layout=MMA))
+        acc = acc + prod * s[:, None]
+        async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
+        return acc
+
+    @gluon.jit
     def _consume(x_ptr, b_ptr, part_ptr, res_ptr, cnt_ptr, words, scl, zps, full, empty, xs2,
                  M, N, K, stride_os, stride_om, k_start, k_end, n0, pid_n, pid_s, splits,
                  HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -206,15 +234,9 @@ if IMPORTED:
         """The math warps: the row staged once, then each tile from its slot as soon as
         its copies land; every thread releases the slot after its product (the loads it
         read are then complete), WARPS x 32 arrivals a round."""
-        NB: gl.constexpr = BLOCK_N // BOX_N
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
-        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        W_L: gl.constexpr = gluon_w4.words_layout(BLOCK_N, WARPS)
         X_L: gl.constexpr = gluon_w4.acts_layout(WARPS)
-        BOX_L: gl.constexpr = box_layout(NB, WARPS)
-        VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
         gluon_w4.pdl_wait(PDL)
         _stage_row_paired(xs2, x_ptr, k_start, k_end, K, XS_TILES, WARPS, ACT)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
@@ -224,12 +246,8 @@ if IMPORTED:
         acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
         n_tiles = (k_end - k_start) // BK
         for t in range(n_tiles):
-            a, b, s = _tile(words, scl, zps, full, xs, xzero, t, t, BLOCK_N, STAGES,
-                            HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
-            prod = gluon_w4.mma_v2(a, b, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
-                                                  layout=MMA))
-            acc = acc + prod * s[:, None]
-            async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
+            acc = _accumulate(acc, words, scl, zps, full, empty, xs, xzero, t, t, BLOCK_N,
+                              WARPS, STAGES, HAS_ZERO, F16)
         gluon_w4._finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr,
                          stride_os, stride_om, splits, HAS_BIAS, SPLITS_PAD, FUSED, MMA)
 
@@ -283,7 +301,7 @@ if IMPORTED:
                          splits, HAS_ZERO, HAS_BIAS, BLOCK_N, WARPS, F16, STAGES, XS_TILES, ACT,
                          SPLITS_PAD, FUSED, PDL)),
              (_produce, (w_desc, s_desc, z_desc, words, scl, zps, full, empty, k_start, k_end,
-                         n0, pid_n, w_rows, s_rows, GROUP, NB, HAS_ZERO, STAGES, BLOCKED))],
+                         pid_n, w_rows, s_rows, GROUP, NB, HAS_ZERO, STAGES, BLOCKED))],
             [1], [PRODUCER_REGS])
 
     # -- stream-K: every program the same number of K tiles (the layout A/B's twin) -------
@@ -312,14 +330,7 @@ if IMPORTED:
             b = g // tiles_k
             st = t % STAGES
             mbarrier.wait(empty.index(st), ((t // STAGES) & 1) ^ 1)
-            if BLOCKED:
-                wr0 = b * w_rows
-                sr0 = b * s_rows
-                c0 = 0
-            else:
-                wr0 = 0
-                sr0 = 0
-                c0 = b * BLOCK_N
+            wr0, sr0, c0 = _origin(b, w_rows, s_rows, BLOCK_N, BLOCKED)
             _issue(w_desc, s_desc, z_desc, words.index(st), scl.index(st), zps.index(st),
                    full.index(st), (g - b * tiles_k) * BK, wr0, sr0, c0, GROUP, NB, HAS_ZERO)
 
@@ -334,15 +345,9 @@ if IMPORTED:
         segment's part of the row staged (after every math warp finished the segment
         before), its tiles multiplied, its sum stored whole where the segment is the
         column tile's only one, else as one of the tile's partial sums."""
-        NB: gl.constexpr = BLOCK_N // BOX_N
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, 8])
-        A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        W_L: gl.constexpr = gluon_w4.words_layout(BLOCK_N, WARPS)
         X_L: gl.constexpr = gluon_w4.acts_layout(WARPS)
-        BOX_L: gl.constexpr = box_layout(NB, WARPS)
-        VEC_L: gl.constexpr = vec_layout(BLOCK_N, WARPS)
         gluon_w4.pdl_wait(PDL)
         xs = gluon_w4._row_view(xs2, XS_TILES, gluon_w4.REINTERPRET)
         xzero = gl.zeros([BK, gluon_w4.ROWS], x_ptr.dtype.element_ty, layout=X_L)
@@ -360,13 +365,8 @@ if IMPORTED:
                               ACT)
             acc = gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32, layout=MMA)
             for j in range(s1 - s0):
-                t = s0 - g0 + j
-                a, bo, s = _tile(words, scl, zps, full, xs, xzero, t, j, BLOCK_N, STAGES,
-                                 HAS_ZERO, F16, MMA, A_L, B_L, W_L, X_L, BOX_L, VEC_L)
-                prod = gluon_w4.mma_v2(a, bo, gl.zeros([BLOCK_N, gluon_w4.ROWS], gl.float32,
-                                                       layout=MMA))
-                acc = acc + prod * s[:, None]
-                async_copy.mbarrier_arrive(empty.index(t % STAGES), increment_count=False)
+                acc = _accumulate(acc, words, scl, zps, full, empty, xs, xzero, s0 - g0 + j, j,
+                                  BLOCK_N, WARPS, STAGES, HAS_ZERO, F16)
             first = _owner(b * tiles_k, T, P)
             parts = _owner(b * tiles_k + tiles_k - 1, T, P) - first + 1
             sn = b * BLOCK_N + col

@@ -971,9 +971,10 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     register kernel (the caller checked `gluon_w4.usable`). `act`:
     x is `[gate | up]` and the input silu(gate) * up (a plan that stages the one row;
     `w4a16_silu_linear` checked). `blocked`: the layer's (K, N), its tensors
-    `gluon_w4_tma.block_columns`'s (the TMA and register kernels only). A plan's `stream`: the TMA
-    kernel's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`), whose partial
-    sums need the arrival counters (where they cannot be had, the split grid serves)."""
+    `gluon_w4_tma.block_columns`'s (the TMA and register kernels only). A plan's
+    `stream`: the TMA kernel's stream-K form (`gluon_w4_tma._w4_gemv_tma_stream_kernel`),
+    whose partial sums need the arrival counters (where they cannot be had, the split
+    grid serves)."""
     m = x.shape[0]
     k, n = blocked or (qweight.shape[0] * 8, qweight.shape[1])
     cfg = W4_CONFIG
@@ -990,6 +991,8 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     if plan.blocked and not blocked:
         qweight, scales, zeros = gluon_w4_tma.blocked_copy(qweight, scales, zeros, bn)
         blocked = (k, n)
+    # a blocked tensor's rows a column tile (words, scales and zero points)
+    rows = dict(w_rows=k // 8, s_rows=scales.shape[0] * bn // n) if blocked else {}
     args = (x, qweight, scales, zeros if zeros is not None else scales,
             bias if bias is not None else scales, o.part, o.res, o.cnt, m, n, k, x.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits)
@@ -997,30 +1000,27 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
                   FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
-    if plan.stream:
+    if plan.stages:
+        ring = {"w_rows": 0, "s_rows": 0, **rows, "STAGES": plan.stages,
+                "XS_TILES": plan.xs_tiles, "ACT": act, "maxnreg": plan.maxnreg,
+                "BLOCKED": bool(blocked)}
+        descs = gluon_w4_tma.descriptors(qweight, scales, zeros, bn)
+    if plan.stream:   # the stream-K form: every split summed in the kernel (no FUSED)
         gluon_w4_tma._w4_gemv_tma_stream_kernel[(plan.stream,)](
-            x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:8], m, n, k,
-            x.stride(0), o.part.stride(0), o.part.stride(1), k // 128, tiles * (k // 128),
-            plan.stream, k // 8 if blocked else 0, scales.shape[0] * bn // n if blocked else 0,
-            GROUP=common["GROUP"], HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias,
-            BLOCK_N=bn, WARPS=warps, F16=x.dtype == torch.float16, STAGES=plan.stages,
-            XS_TILES=plan.xs_tiles, ACT=act, SPLITS_PAD=o.splits_pad, BLOCKED=bool(blocked),
-            maxnreg=plan.maxnreg, num_warps=warps, **launch_opts("gemv"))
+            x, *descs, *args[4:11], x.stride(0), o.part.stride(0), o.part.stride(1),
+            k // 128, tiles * (k // 128), plan.stream, **ring,
+            **{key: v for key, v in common.items() if key != "FUSED"})
     elif plan.stages:
-        gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](
-            x, *gluon_w4_tma.descriptors(qweight, scales, zeros, bn), *args[4:],
-            k // 8 if blocked else 0, scales.shape[0] * bn // n if blocked else 0,
-            STAGES=plan.stages, XS_TILES=plan.xs_tiles, ACT=act, maxnreg=plan.maxnreg,
-            BLOCKED=bool(blocked), **common)
+        gluon_w4_tma._w4_gemv_tma_kernel[(tiles, splits)](x, *descs, *args[4:], **ring,
+                                                          **common)
     elif plan.ring:
         gluon_w4._w4_gemv_ring_kernel[(tiles, splits)](*args, STAGES=cfg["gemv_mma_stages"],
                                                        **common)
     else:
         gluon_w4._w4_gemv_mma_kernel[(tiles, splits)](
             *args, PRELOAD=bool(cfg["gemv_mma_preload"]), DEPTH=plan.depth,
-            XS_TILES=plan.xs_tiles, ACT=act, **common,
-            **(dict(w_rows=k // 8, s_rows=scales.shape[0] * bn // n, BLOCKED=True)
-               if blocked else {}))
+            XS_TILES=plan.xs_tiles, ACT=act, **common, **rows,
+            **(dict(BLOCKED=True) if blocked else {}))
     return o.result(splits, bias, x.dtype)
 
 

@@ -546,22 +546,40 @@ def tma_gemv_types(dt: str, bn: int, zero: bool) -> dict[str, str]:
                        f"tensordesc<{dt}[1, {bn}],{nvmma.format(0, 16)}>")}
 
 
+def _compile_tma_gemv(target, fn, cx: dict, dt: str, zero: bool, maxnreg: int
+                      ) -> tuple[str, int, int]:
+    """A TMA GEMV entry compiled as a launch types it (`tma_gemv_types`, TMA_GEMV_ALIGNED
+    where it has the argument): (PTX, most registers a thread, spill-store bytes; -1 where
+    ptxas did not say)."""
+    import re
+
+    from triton.experimental.gluon._runtime import GluonASTSource
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+             for a in TMA_GEMV_ALIGNED if a in fn.arg_names}
+    ptrs = tma_gemv_types(dt, cx["BLOCK_N"], zero)
+    sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+    ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
+                               {"num_warps": cx["WARPS"], "maxnreg": maxnreg})
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return ptx, max(regs) if regs else -1, int(spills.group(1)) if spills else -1
+
+
 def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     """The one-row TMA GEMV (ops/gluon_w4_tma.py) at the shipped plans of its layer
     classes (gate_up unsplit, down in splits with the SiLU computed as it stages the row)
     compiles for fp16 with zero points (split-K summed in the kernel) and bf16 without
-    (summed after), and gate_up's in the blocked layout's A/B form: the weights come by TMA (cp.async.bulk.tensor) and are waited for on
-    mbarriers, the MMAs are mma.sync m16n8k16 with every operand built in registers
-    (`assert_trivial` layouts), fp16 decodes by the packed-FMA form (bf16 cannot), the
-    SiLU's exponential only where it is due, and ptxas spills nothing within the plan's
-    register cap."""
+    (summed after), and gate_up's in the blocked layout's A/B form: the weights come by
+    TMA (cp.async.bulk.tensor) and are waited for on mbarriers, the MMAs are mma.sync
+    m16n8k16 with every operand built in registers (`assert_trivial` layouts), fp16
+    decodes by the packed-FMA form (bf16 cannot), the SiLU's exponential only where it is
+    due, and ptxas spills nothing within the plan's register cap."""
     import re
 
     name = "w4 GEMV, Gluon TMA: weights by TMA, MMA operands in registers, no spills"
     if not gt.IMPORTED:
         print(f"FAILED {name}: triton.experimental.gluon did not import")
         return False
-    from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     fn = gt._w4_gemv_tma_kernel
     got = {}
@@ -571,29 +589,22 @@ def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:
     for cls, (dt, zero, fused), blocked in cases:
         t = w4["gemv_mma_one_row"][cls]["tma"]
         plan = tq._tma_plan(18944 if cls == "deep" else 3584, t, w4)
-        ptrs = tma_gemv_types(dt, bn, zero)
         cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": True, "BLOCK_N": bn, "WARPS": warps,
               "F16": dt == "fp16", "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": 4 if fused else 1, "FUSED": fused,
               "PDL": 1, "BLOCKED": blocked}
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in TMA_GEMV_ALIGNED}
-        sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
-            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
-                                       {"num_warps": warps, "maxnreg": plan.maxnreg})
+            ptx, regs, spills = _compile_tma_gemv(target, fn, cx, dt, zero, plan.maxnreg)
         except Exception as e:   # noqa: BLE001 - reported like the others
             print(f"FAILED {name} ({cls}, {dt}): {e!r}"[:2000])
             return False
-        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
-        spills = re.search(r"(\d+) bytes spill stores", log)
-        ok = (bool(regs) and max(regs) <= plan.maxnreg and spills is not None
-              and int(spills.group(1)) == 0
+        ok = (0 <= regs <= plan.maxnreg and spills == 0
               and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
               and "mbarrier.try_wait" in ptx
               and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx))
               and ("fma.rn.f16x2" in ptx) == (dt == "fp16")
               and ("ex2.approx" in ptx) == (cls == "deep"))
-        got[cls, dt, *(("blocked",) if blocked else ())] = (max(regs) if regs else -1, ok)
+        got[cls, dt, *(("blocked",) if blocked else ())] = (regs, ok)
     if not all(ok for _, ok in got.values()):
         print(f"FAILED {name}: (registers, checks) {got}")
         return False
@@ -609,7 +620,6 @@ def gluon_tma_stream_k_compiles(target, w4: dict) -> bool:
     import re
 
     name = "w4 GEMV, Gluon TMA stream-K: compiles within the plan's registers"
-    from triton.experimental.gluon._runtime import GluonASTSource
     bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
     fn = gt._w4_gemv_tma_stream_kernel
     got = {}
@@ -622,30 +632,22 @@ def gluon_tma_stream_k_compiles(target, w4: dict) -> bool:
               "F16": True, "STAGES": plan.stages, "XS_TILES": plan.xs_tiles,
               "ACT": cls == "deep", "SPLITS_PAD": triton.next_power_of_2(plan.splits),
               "PDL": 1, "BLOCKED": blocked}
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
-                 for a in TMA_GEMV_ALIGNED if a in fn.arg_names}
-        ptrs = tma_gemv_types("fp16", bn, True)
-        sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
         try:
-            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
-                                       {"num_warps": warps, "maxnreg": plan.maxnreg})
+            ptx, regs, spills = _compile_tma_gemv(target, fn, cx, "fp16", True, plan.maxnreg)
         except Exception as e:   # noqa: BLE001 - reported like the others
             print(f"FAILED {name} ({cls}): {e!r}"[:2000])
             return False
-        regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
-        spills = re.search(r"(\d+) bytes spill stores", log)
-        ok = (plan.stream > 0 and bool(regs) and max(regs) <= plan.maxnreg
-              and spills is not None and int(spills.group(1)) == 0
+        ok = (plan.stream > 0 and 0 <= regs <= plan.maxnreg and spills == 0
               and len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) >= 2
               and "mbarrier.try_wait" in ptx and "atom.global" in ptx
               and bool(re.search(r"mma\.sync\.aligned\.m16n8k16", ptx)))
-        got[cls, "blocked" if blocked else "checkpoint"] = (plan.stream, plan.splits,
-                                                            max(regs) if regs else -1, ok)
+        got[cls, "blocked" if blocked else "checkpoint"] = (plan.stream, plan.splits, regs, ok)
     if not all(v[-1] for v in got.values()):
         print(f"FAILED {name}: (programs, partial sums, registers, checks) {got}")
         return False
     print(f"ok {name} {got}")
     return True
+
 
 if __name__ == "__main__":
     sys.exit(main())
