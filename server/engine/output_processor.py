@@ -27,7 +27,8 @@ class RequestState:
     __slots__ = ("request_id", "prompt", "prompt_token_ids", "params", "detok", "token_ids",
                  "logprobs", "cumulative_logprob", "emitted_text", "emitted_tokens",
                  "emitted_logprobs", "hold", "finish_reason", "stop_reason",
-                 "num_cached_tokens", "longest_stop", "prompt_logprobs", "prompt_lp_sent")
+                 "num_cached_tokens", "longest_stop", "prompt_logprobs", "prompt_ranks",
+                 "prompt_lp_sent")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, detok) -> None:
@@ -50,6 +51,7 @@ class RequestState:
         self.num_cached_tokens = 0
         # Position 0 has no logprob (nothing before it), as in vLLM.
         self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        self.prompt_ranks: list[int | None] = [None]   # each prompt token's rank, aligned
         self.prompt_lp_sent = False
 
     @property
@@ -87,6 +89,7 @@ class OutputProcessor:
                 st.num_cached_tokens = o.num_cached_tokens
             if o.prompt_logprobs is not None and st.prompt_logprobs is not None:
                 st.prompt_logprobs.extend(logprob_dicts(o.prompt_logprobs))
+                st.prompt_ranks.extend(o.prompt_logprobs.ranks)
             if not o.new_token_ids and o.finish_reason is None:
                 continue   # a prompt chunk's logprobs: they go out with the first token
             if self._update(st, o) and o.finish_reason is None:
@@ -107,7 +110,13 @@ class OutputProcessor:
         p = st.params
         detok, step = st.detok, self.detokenizer.step
         before = len(detok.text)
-        for t in o.new_token_ids:
+        new = o.new_token_ids
+        if o.finish_reason == "stop" and new and not p.include_stop_str_in_output:
+            # The core stops only on a token (EOS, a stop token id, a grammar's end): its
+            # text is not part of the output unless asked for, as in vLLM. It stays in
+            # token_ids, logprobs and usage.
+            new = new[:-1]
+        for t in new:
             step(detok, t)
         if o.finish_reason is not None:
             self.detokenizer.finish(detok)   # flush a character the output ended inside
@@ -144,13 +153,13 @@ class OutputProcessor:
             index=0, text=out_text, token_ids=out_ids,
             finish_reason=st.finish_reason, stop_reason=st.stop_reason, logprobs=lps,
             cumulative_logprob=st.cumulative_logprob if st.logprobs is not None else None)
-        prompt_lps = None
+        prompt_lps = prompt_ranks = None
         if st.prompt_logprobs is not None and (kind != "delta" or not st.prompt_lp_sent):
-            prompt_lps, st.prompt_lp_sent = st.prompt_logprobs, True
+            prompt_lps, prompt_ranks, st.prompt_lp_sent = st.prompt_logprobs, st.prompt_ranks, True
         return RequestOutput(request_id=st.request_id, prompt=st.prompt,
                              prompt_token_ids=st.prompt_token_ids, outputs=[completion],
                              finished=finished, num_cached_tokens=st.num_cached_tokens,
-                             prompt_logprobs=prompt_lps)
+                             prompt_logprobs=prompt_lps, prompt_logprob_ranks=prompt_ranks)
 
     def finish(self, request_id: str, reason: str) -> RequestOutput | None:
         """End a request here (abort, error); returns its last output."""

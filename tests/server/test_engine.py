@@ -101,10 +101,19 @@ def test_stop_strings_and_stop_tokens(llm):
                                          include_stop_str_in_output=True))[0].outputs[0]
     assert kept.text == text[:first + len(stop)]
 
-    tok = ids[6]
+    tok = next(t for t in ids[6:] if ids.index(t) >= 3)   # max_tokens below stays >= 1
     out = llm.generate([prompt], greedy(40, ignore_eos=True, stop_token_ids=[tok]))[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == tok
     assert out.token_ids == ids[:ids.index(tok) + 1]
+    # The stop token's text is left out, as in vLLM, unless asked for.
+    upto = llm.generate([prompt], greedy(ids.index(tok), ignore_eos=True))[0].outputs[0].text
+    through = llm.generate([prompt], greedy(ids.index(tok) + 1,
+                                            ignore_eos=True))[0].outputs[0].text
+    assert upto != through
+    assert out.text == upto
+    kept = llm.generate([prompt], greedy(40, ignore_eos=True, stop_token_ids=[tok],
+                                         include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.text == through and kept.token_ids == out.token_ids
 
     out = llm.generate([prompt], greedy(40, ignore_eos=True, stop_token_ids=[ids[0]],
                                         min_tokens=8))[0].outputs[0]
@@ -122,13 +131,22 @@ def test_eos_from_generation_config_stops(tiny_models, llm):
     assert eng.core.eos_token_ids == eng.eos_token_ids
     prompt = random_prompts(5, [30], 512)[0]
     ids = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0].token_ids
-    # Make the 4th greedy token an EOS for this request: generation stops on it.
+    # The text of the first k greedy tokens, k = 1..8.
+    texts = [llm.generate([prompt], greedy(k, ignore_eos=True))[0].outputs[0].text
+             for k in range(1, 9)]
+    # Make a greedy token whose text shows (and that did not occur before) an EOS for
+    # this request: generation stops on it.
+    j = next(k for k in range(3, 8) if ids[k] not in ids[:k] and texts[k] != texts[k - 1]
+             and "\ufffd" not in texts[k])
     core = eng.core
-    core.eos_token_ids = core.eos_token_ids + (ids[3],)
+    core.eos_token_ids = core.eos_token_ids + (ids[j],)
     try:
         out = llm.generate([prompt], greedy(40))[0].outputs[0]
         assert out.finish_reason == "stop" and out.stop_reason is None
-        assert out.token_ids[-1] in core.eos_token_ids and len(out.token_ids) <= 4
+        assert out.token_ids == ids[:j + 1]
+        # The EOS token's text is never output, special or not (vLLM's rule).
+        shown = llm.generate([prompt], greedy(40, skip_special_tokens=False))[0].outputs[0]
+        assert out.text == texts[j - 1] and shown.text == texts[j - 1]
         ignored = llm.generate([prompt], greedy(40, ignore_eos=True))[0].outputs[0]
         assert ignored.token_ids == ids
     finally:
