@@ -44,10 +44,27 @@ def message_text(content: Any, index: int) -> str:
     return "\n".join(parts)
 
 
+# apply_chat_template's own arguments (and the variables it derives from them).
+_RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tokenize", "chat_template",
+                                       "return_dict", "return_tensors", "tokenizer",
+                                       "tokenizer_kwargs", "padding", "truncation", "max_length",
+                                       "return_assistant_tokens_mask"})
+
+
 def render_chat(tokenizer, messages: list, *, template: str | None,
                 add_generation_prompt: bool, continue_final_message: bool,
                 kwargs: dict | None = None) -> str:
-    """Messages -> prompt text with the chat template; template errors become 400s."""
+    """Messages -> prompt text with the chat template; template errors become 400s.
+    `kwargs` (the request's chat_template_kwargs) may set add_generation_prompt and
+    continue_final_message, as in vLLM; they cannot replace what the renderer itself
+    passes (the messages, the template, tokenize)."""
+    kwargs = dict(kwargs or {})
+    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise bad_request(f"chat_template_kwargs: {reserved[0]!r} cannot be set here",
+                          "chat_template_kwargs")
+    add_generation_prompt = bool(kwargs.pop("add_generation_prompt", add_generation_prompt))
+    continue_final_message = bool(kwargs.pop("continue_final_message", continue_final_message))
     if add_generation_prompt and continue_final_message:
         raise bad_request("add_generation_prompt and continue_final_message cannot both be "
                           "true", "continue_final_message")
@@ -70,7 +87,7 @@ def render_chat(tokenizer, messages: list, *, template: str | None,
         return tokenizer.apply_chat_template(
             conv, tokenize=False, chat_template=template,
             add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, **(kwargs or {}))
+            continue_final_message=continue_final_message, **kwargs)
     except Exception as e:  # noqa: BLE001 - jinja raises many types; all mean bad input
         raise bad_request(f"the chat template could not render the messages: {e}",
                           "messages") from e

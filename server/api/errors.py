@@ -91,6 +91,8 @@ def validation_error(errors: list[dict]) -> APIError:
     if first.get("type") == "json_invalid":
         return bad_request(f"malformed JSON body: {first.get('msg', '')}", None)
     msg = first.get("msg", "invalid value")
+    if first.get("type") == "value_error":   # our own validators' words, without pydantic's
+        msg = msg.removeprefix("Value error, ")
     return bad_request(f"{param}: {msg}" if param else msg, param)
 
 

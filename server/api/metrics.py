@@ -97,6 +97,13 @@ class ServerMetrics:
                          "token in seconds.", TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token "
                         "latency in seconds.", ITL_BUCKETS)
+        # The same observations under the name vLLM used before 0.11, which older
+        # dashboards (vLLM's own Grafana board among them) still read.
+        self.tpot_legacy = hist("vllm:time_per_output_token_seconds", "Histogram of time per "
+                                "output token in seconds (the older name of "
+                                "vllm:inter_token_latency_seconds).", ITL_BUCKETS)
+        self.request_tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of "
+                                 "time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request "
                         "latency in seconds.", REQUEST_LATENCY_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds", "Histogram of time spent "
@@ -161,7 +168,9 @@ class MetricsListener(StepListener):
             self.m.ttft.observe(max(now - stream.arrival_time, 0.0))
             stream.first_token_time = now
         elif stream.last_token_time is not None:
-            self.m.itl.observe(max(now - stream.last_token_time, 0.0))
+            gap = max(now - stream.last_token_time, 0.0)
+            self.m.itl.observe(gap)
+            self.m.tpot_legacy.observe(gap)
         stream.last_token_time = now
         stream.num_tokens += new
         self.m.generation_tokens.inc(new)
@@ -181,6 +190,8 @@ class MetricsListener(StepListener):
                 m.prefill_time.observe(max(first - sched, 0.0))
                 m.decode_time.observe(max(last - first, 0.0))
                 m.inference_time.observe(max(last - sched, 0.0))
+                if stream.num_tokens > 1:
+                    m.request_tpot.observe(max(last - first, 0.0) / (stream.num_tokens - 1))
 
     def on_stats(self, stats) -> None:
         if stats.step_tokens:

@@ -2,8 +2,8 @@
 
 Field names and defaults follow vLLM's server so that existing clients work unchanged.
 Unknown fields are ignored (the OpenAI SDKs send fields such as `store` or `metadata`
-that mean nothing here); the OpenAI fields this server cannot honour are declared and
-refused (`UNHONOURED_CHAT_FIELDS`). Sampling fields that the request leaves unset (None) take the
+that mean nothing here); the OpenAI and vLLM fields this server cannot honour are
+declared and refused (`UNHONOURED_FIELDS`). Sampling fields that the request leaves unset (None) take the
 model's generation_config.json value, then vLLM's default: exactly where vLLM's server
 applies `generation_config` defaults.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pagefleet.server.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
 
@@ -41,7 +41,6 @@ MAX_LOGIT_BIAS = 1024             # logit_bias entries (staged on every step of 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
-StopString = Annotated[str, Field(max_length=MAX_STOP_STRING_CHARS)]
 
 
 class _Base(BaseModel):
@@ -64,7 +63,7 @@ class _SamplingFields(_Base):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: Int64 | None = None
-    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: str | list[str] | None = None     # checked by _stop_strings
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     min_tokens: Count = 0
@@ -96,6 +95,31 @@ class _SamplingFields(_Base):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
+    # vLLM sampling fields this server cannot honour: declared so that setting one is a
+    # 400 naming it (UNHONOURED_FIELDS), never a 200 that ignores it.
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    spaces_between_special_tokens: Any = None
+    logits_processors: Any = None
+    cache_salt: Any = None
+    vllm_xargs: Any = None
+    kv_transfer_params: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
+        """One message for every bad stop (a union's per-member errors name pydantic's
+        internals). vLLM refuses an empty stop string too: it would end every request."""
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        for s in stops:
+            if not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} "
+                                 "characters")
+        return v
 
     def structured_fields(self) -> dict:
         return {k: getattr(self, k) for k in STRUCTURED_FIELDS}
@@ -112,6 +136,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: Count | None = None
     suffix: str | None = None
+    prompt_embeds: Any = None
 
 
 class ChatMessage(_Base):
@@ -146,24 +171,62 @@ class ChatCompletionRequest(_SamplingFields):
     # template does not read it: it could not change the output.
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     # OpenAI fields this server cannot honour: declared so that a request setting one
-    # is a 400 naming it (UNHONOURED_CHAT_FIELDS), not a 200 that ignores it.
+    # is a 400 naming it (UNHONOURED_FIELDS), not a 200 that ignores it.
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None
     web_search_options: Any = None
     functions: Any = None
     function_call: Any = None
+    verbosity: Any = None
+    echo: Any = None
 
 
-# field -> why it is refused when set (`modalities` only when it asks for more than text)
-UNHONOURED_CHAT_FIELDS = {
-    "modalities": "only text output is supported",
-    "audio": "audio output is not supported",
-    "prediction": "predicted outputs are not supported",
-    "web_search_options": "web search is not supported",
-    "functions": "the legacy functions field is not supported; send tools",
-    "function_call": "the legacy function_call field is not supported; send tool_choice",
+# field -> (values that change nothing and pass, why any other value is refused). A
+# field left out or null always passes. One table for both endpoints; a field a request
+# model does not declare is never set.
+UNHONOURED_FIELDS: dict[str, tuple[tuple, str]] = {
+    "modalities": ((["text"], []), "only text output is supported"),
+    "audio": ((), "audio output is not supported"),
+    "prediction": ((), "predicted outputs are not supported"),
+    "web_search_options": ((), "web search is not supported"),
+    "functions": ((), "the legacy functions field is not supported; send tools"),
+    "function_call": ((), "the legacy function_call field is not supported; send tool_choice"),
+    "verbosity": ((), "verbosity is not supported"),
+    "allowed_token_ids": ((), "allowed_token_ids is not supported; use logit_bias or "
+                              "structured outputs (guided_choice, guided_regex)"),
+    "bad_words": ((), "bad_words is not supported; use logit_bias"),
+    "use_beam_search": ((False,), "beam search is not supported"),
+    "length_penalty": ((1, 1.0), "length_penalty applies to beam search, which is not "
+                                 "supported"),
+    "spaces_between_special_tokens": ((True,), "special tokens are always joined with "
+                                               "spaces between them"),
+    "logits_processors": ((), "custom logits processors are not supported"),
+    "cache_salt": ((), "cache_salt is not supported: prefix-cache isolation between "
+                       "tenants needs separate deployments"),
+    "vllm_xargs": ((), "vllm_xargs is not supported"),
+    "kv_transfer_params": ((), "KV transfer (disaggregated prefill) is not supported"),
+    "prompt_embeds": ((), "prompt embeddings are not supported"),
 }
+
+
+# Chat only: /v1/completions honours its own `echo`.
+UNHONOURED_CHAT_FIELDS: dict[str, tuple[tuple, str]] = {
+    "echo": ((False,), "echo (prepending the last message) is not supported on chat; "
+                       "/v1/completions has echo"),
+}
+
+
+def unhonoured_field(req: BaseModel) -> tuple[str, str] | None:
+    """(field, why) of the first field the request sets that this server cannot honour."""
+    table = UNHONOURED_FIELDS
+    if isinstance(req, ChatCompletionRequest):
+        table = {**table, **UNHONOURED_CHAT_FIELDS}
+    for name, (passes, why) in table.items():
+        value = getattr(req, name, None)
+        if value is not None and not any(value == ok for ok in passes):
+            return name, why
+    return None
 
 
 class TokenizeRequest(_Base):

@@ -54,10 +54,11 @@ def parse(model: type, body: bytes):
         raise to_api_error(e) from None
 
 
-def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int,
+                  param: str = "messages") -> None:
     """vLLM's context-length rule, with its wording (PromptTooLongError builds it)."""
     try:
-        _check_context(prompt_len, max_tokens, max_model_len)
+        _check_context(prompt_len, max_tokens, max_model_len, param)
     except PromptTooLongError as e:
         raise APIError(400, str(e), e.param) from None
 
@@ -113,6 +114,7 @@ class Prepared:
     prompt_text: str | None = None  # chat: the rendered prompt
     plan: Any = None                # chat: the tool-choice plan
     think: Any = None               # chat: reasoning tag ids
+    echo_only: bool = False         # completions: echo with max_tokens 0 (score the prompt)
 
 
 class OpenAIServing:
@@ -156,6 +158,12 @@ class OpenAIServing:
     def _common_checks(self, req: P._SamplingFields) -> tuple[int, int]:
         """Checks every generation request shares; returns (n, best_of)."""
         self.check_model(req.model)
+        if (refused := P.unhonoured_field(req)) is not None:
+            raise bad_request(f"{refused[0]}: {refused[1]}", refused[0])
+        if req.truncate_prompt_tokens is not None and \
+                req.truncate_prompt_tokens > self.max_model_len:
+            raise bad_request(f"truncate_prompt_tokens: must be at most the context length "
+                              f"({self.max_model_len}), or -1 for it", "truncate_prompt_tokens")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")
@@ -238,7 +246,8 @@ class OpenAIServing:
         return streams
 
     def _usage(self, prep: Prepared, accs: list["Accum"]) -> dict:
-        use = P.usage(sum(len(p) for p in prep.prompts), sum(a.num_tokens for a in accs))
+        generated = 0 if prep.echo_only else sum(a.num_tokens for a in accs)
+        use = P.usage(sum(len(p) for p in prep.prompts), generated)
         if self.prompt_tokens_details:
             use["prompt_tokens_details"] = {"cached_tokens": sum(
                 a.num_cached_tokens for k, a in enumerate(accs) if k % prep.best_of == 0)}
@@ -297,21 +306,25 @@ class OpenAIServing:
         top = self.engine.limits.max_logprobs
         if req.logprobs is not None and req.logprobs > top:
             raise bad_request(f"logprobs: must be in [0, {top}] (--max-logprobs)", "logprobs")
-        if req.max_tokens is not None and req.max_tokens < 1:
-            raise bad_request(f"max_tokens: must be >= 1, got {req.max_tokens}", "max_tokens")
+        # echo with max_tokens 0 returns the prompt (and its logprobs) alone, as vLLM does:
+        # the prompt-scoring call. The engine still samples one token, which is dropped.
+        echo_only = req.echo and req.max_tokens == 0
+        if req.max_tokens is not None and req.max_tokens < 1 and not echo_only:
+            raise bad_request(f"max_tokens: must be >= 1 (0 only with echo), got "
+                              f"{req.max_tokens}", "max_tokens")
+        max_tokens = 1 if echo_only else req.max_tokens
         prompts, texts = self._completion_prompts(req.prompt, tok, req.truncate_prompt_tokens)
         for ids in prompts:
-            check_context(len(ids), req.max_tokens, self.max_model_len)
+            check_context(len(ids), max_tokens, self.max_model_len, "prompt")
         logprobs = req.logprobs
         if logprobs is None and best_of > n:
             logprobs = 0          # best_of ranks by the sampled tokens' logprobs
         prompt_lp = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
             prompt_lp = max(prompt_lp or 0, req.logprobs)
-        params = P.sampling_params(req, self.defaults, max_tokens=req.max_tokens,
-                                   logprobs=logprobs)
+        params = P.sampling_params(req, self.defaults, max_tokens=max_tokens, logprobs=logprobs)
         params = dataclasses.replace(params, prompt_logprobs=prompt_lp, grammar=self._grammar(req))
-        return Prepared(req, prompts, texts, params, n, best_of)
+        return Prepared(req, prompts, texts, params, n, best_of, echo_only=echo_only)
 
     async def completions(self, body: bytes, rid: str) -> Response:
         prep = await self.prepared(self._prepare_completion, body)
@@ -332,6 +345,7 @@ class OpenAIServing:
                                                    self._usage(prep, accs)))
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
+        continuous = opts.include_usage and opts.continuous_usage_stats   # vLLM: both
 
         async def events() -> AsyncIterator[str]:
             accs = [Accum(keep_logprobs=False) for _ in streams]
@@ -342,22 +356,28 @@ class OpenAIServing:
                     accs[i].add(out)
                     if not c.text and not out.finished and not c.token_ids:
                         continue
-                    text, lp = c.text, None
+                    text, lp, new_ids = c.text, None, c.token_ids
+                    if prep.echo_only:
+                        text, new_ids = "", []
                     p_idx = i // prep.best_of
+                    if req.logprobs is not None:
+                        lp = self._legacy_logprobs(new_ids, c.logprobs or [], req)
                     if req.echo and not sent_prompt[i]:
+                        # the prompt, and its logprobs, lead the choice's first chunk
                         sent_prompt[i] = True
                         text = self._prompt_text(prep, p_idx) + text
-                    if req.logprobs is not None:
-                        lp = self._legacy_logprobs(c.token_ids, c.logprobs or [], req)
+                        if lp is not None:
+                            lp = self._merge_logprobs(self._legacy_prompt_logprobs(
+                                prep.prompts[p_idx], out.prompt_logprobs, req), lp)
                     if not text and not out.finished and lp is None:
                         continue
-                    use = self._usage(prep, accs) if opts.continuous_usage_stats else None
+                    use = self._usage(prep, accs) if continuous else None
                     choice = P.completion_choice(i, text, c.finish_reason if out.finished
                                                  else None, c.stop_reason if out.finished
                                                  else None)
                     choice["logprobs"] = lp
                     if req.return_token_ids:
-                        choice["token_ids"] = c.token_ids
+                        choice["token_ids"] = new_ids
                     yield sse(P.completion_chunk(resp_id, model, created, [choice], use))
                 if opts.include_usage:
                     yield sse(P.completion_chunk(resp_id, model, created, [],
@@ -378,22 +398,23 @@ class OpenAIServing:
     def _completion_choice(self, prep: Prepared, index: int, a: "Accum") -> dict:
         req = prep.req
         p_idx = index // prep.n
-        text = a.text
+        text, token_ids = ("", []) if prep.echo_only else (a.text, a.token_ids)
         ids = prep.prompts[p_idx]
         if req.echo:
             text = self._prompt_text(prep, p_idx) + text
         choice = P.completion_choice(index, text, a.finish_reason, a.stop_reason)
         if req.logprobs is not None:
-            lp = self._legacy_logprobs(a.token_ids, a.logprobs, req)
+            lp = self._legacy_logprobs(token_ids, a.logprobs, req)
             if req.echo:
                 lp = self._merge_logprobs(self._legacy_prompt_logprobs(
                     ids, a.prompt_logprobs, req), lp)
             choice["logprobs"] = lp
         if req.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(ids, a.prompt_logprobs)
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(ids, a.prompt_logprobs,
+                                                                   a.prompt_ranks)
         if req.return_token_ids:
             choice["prompt_token_ids"] = ids
-            choice["token_ids"] = a.token_ids
+            choice["token_ids"] = token_ids
         return choice
 
     # OpenAI's legacy completion logprobs: tokens, token_logprobs, top_logprobs, text_offset.
@@ -407,8 +428,7 @@ class OpenAIServing:
             s = self._tok_str(tid, req)
             tokens.append(s)
             chosen.append(max(d.get(tid, float("-inf")), -9999.0))
-            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:req.logprobs]
-            tops.append({self._tok_str(t, req): max(v, -9999.0) for t, v in ranked})
+            tops.append(self._legacy_top(tid, d, req))
             offsets.append(pos)
             pos += len(s)
         return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops,
@@ -425,10 +445,17 @@ class OpenAIServing:
                 tops.append(None)
                 continue
             chosen.append(max(d.get(tid, float("-inf")), -9999.0))
-            ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:max(req.logprobs, 1)]
-            tops.append({self._tok_str(t, req): max(v, -9999.0) for t, v in ranked})
+            tops.append(self._legacy_top(tid, d, req))
         return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops,
                 "text_offset": []}
+
+    def _legacy_top(self, tid: int, d: dict, req) -> dict:
+        """One position's `top_logprobs` as vLLM writes it: the token itself first (so
+        `logprobs: 0` still names it), then the `logprobs` most likely."""
+        top = {self._tok_str(tid, req): max(d.get(tid, float("-inf")), -9999.0)}
+        for t, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:req.logprobs]:
+            top.setdefault(self._tok_str(t, req), max(v, -9999.0))
+        return top
 
     @staticmethod
     def _merge_logprobs(prompt: dict, gen: dict) -> dict:
@@ -441,16 +468,21 @@ class OpenAIServing:
                 "top_logprobs": prompt["top_logprobs"] + gen["top_logprobs"],
                 "text_offset": offsets}
 
-    def _vllm_prompt_logprobs(self, ids: list[int], plp: list | None) -> list:
+    def _vllm_prompt_logprobs(self, ids: list[int], plp: list | None,
+                              token_ranks: list | None) -> list:
         """vLLM's `prompt_logprobs`: per prompt token (None for the first), the token and
-        its top-N as {id: {logprob, rank, decoded_token}}."""
+        its top-N as {id: {logprob, rank, decoded_token}}; the token's rank is its rank in
+        the whole vocabulary (the engine's), which may lie past the top-N."""
         out = []
         for k, d in enumerate(plp or []):
             if d is None:
                 out.append(None)
                 continue
+            # The top-N hold ranks 1..N (the token sorts last when it is not among them).
             ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)
             ranks = {t: r + 1 for r, (t, _) in enumerate(ranked)}
+            if token_ranks and k < len(token_ranks) and token_ranks[k] is not None:
+                ranks[ids[k]] = token_ranks[k]
             out.append({str(t): {"logprob": max(v, -9999.0), "rank": ranks[t],
                                  "decoded_token": self.logprob_fmt.token(t)}
                         for t, v in d.items()})
@@ -485,10 +517,6 @@ class OpenAIServing:
     def _prepare_chat(self, body: bytes, tok) -> Prepared:
         req = parse(P.ChatCompletionRequest, body)
         n, best_of = self._common_checks(req)
-        for name, why in P.UNHONOURED_CHAT_FIELDS.items():
-            value = getattr(req, name)
-            if value is not None and not (name == "modalities" and set(value) <= {"text"}):
-                raise bad_request(f"{name}: {why}", name)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
@@ -615,7 +643,8 @@ class OpenAIServing:
                 if req.return_token_ids:
                     choice["token_ids"] = a.token_ids
                 if req.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = self._vllm_prompt_logprobs(ids, a.prompt_logprobs)
+                    choice["prompt_logprobs"] = self._vllm_prompt_logprobs(
+                        ids, a.prompt_logprobs, a.prompt_ranks)
                 choices.append(choice)
             body = P.chat_body(resp_id, model, created, choices, self._usage(prep, accs))
             if req.return_token_ids:
@@ -623,6 +652,7 @@ class OpenAIServing:
             return json_response(body)
         first = await gen.__anext__()
         opts = req.stream_options or P.StreamOptions()
+        continuous = opts.include_usage and opts.continuous_usage_stats   # vLLM: both
         parsers = [self._message_parsers(prep) for _ in streams]
 
         def deltas(i: int, text: str, final: bool) -> tuple[dict, bool]:
@@ -664,7 +694,7 @@ class OpenAIServing:
                 for i in range(len(streams)):
                     yield sse(P.chat_chunk(resp_id, model, created, [P.chat_delta_choice(
                         i, {"role": self.response_role, "content": ""})],
-                        P.usage(len(ids), 0) if opts.continuous_usage_stats else None))
+                        P.usage(len(ids), 0) if continuous else None))
                 async for i, out in prepend(first, gen):
                     c = out.outputs[0]
                     accs[i].add(out)
@@ -676,7 +706,7 @@ class OpenAIServing:
                     finish = c.finish_reason if out.finished else None
                     if called and finish == "stop":
                         finish = "tool_calls"
-                    use = self._usage(prep, accs) if opts.continuous_usage_stats else None
+                    use = self._usage(prep, accs) if continuous else None
                     choice = P.chat_delta_choice(i, delta, finish,
                                                  c.stop_reason if out.finished else None, lp)
                     if req.return_token_ids:
@@ -752,7 +782,7 @@ class Accum:
     """One choice's output, gathered from its deltas (parts joined once, at the end)."""
 
     __slots__ = ("_parts", "token_ids", "logprobs", "num_tokens", "finish_reason",
-                 "stop_reason", "_keep", "cumulative_logprob", "prompt_logprobs",
+                 "stop_reason", "_keep", "cumulative_logprob", "prompt_logprobs", "prompt_ranks",
                  "num_cached_tokens")
 
     def __init__(self, keep_logprobs: bool = False) -> None:
@@ -765,6 +795,7 @@ class Accum:
         self._keep = keep_logprobs
         self.cumulative_logprob: float | None = None
         self.prompt_logprobs: list | None = None
+        self.prompt_ranks: list | None = None
         self.num_cached_tokens = 0
 
     def add(self, out) -> None:
@@ -777,6 +808,7 @@ class Accum:
             self.logprobs.extend(c.logprobs or ())
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+            self.prompt_ranks = out.prompt_logprob_ranks
         if c.cumulative_logprob is not None:
             self.cumulative_logprob = c.cumulative_logprob
         if out.finished:

@@ -97,6 +97,7 @@ class RequestStream:
     _logprobs: list | None = None
     _last: RequestOutput | None = None
     _prompt_logprobs: list | None = None
+    _prompt_ranks: list | None = None
     _dirty: bool = False
     # Bookkeeping for metrics (event-loop side only).
     num_tokens: int = 0
@@ -117,6 +118,7 @@ class RequestStream:
             self._logprobs.extend(c.logprobs)
         if out.prompt_logprobs is not None:
             self._prompt_logprobs = out.prompt_logprobs
+            self._prompt_ranks = out.prompt_logprob_ranks
         self._last = out
         self._dirty = True
 
@@ -132,9 +134,11 @@ class RequestStream:
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                   logprobs=self._logprobs, cumulative_logprob=c.cumulative_logprob)
         self._text, self._ids, self._logprobs, self._dirty = [], [], None, False
-        prompt_lps, self._prompt_logprobs = self._prompt_logprobs, None
+        prompt_lps, ranks = self._prompt_logprobs, self._prompt_ranks
+        self._prompt_logprobs = self._prompt_ranks = None
         return RequestOutput(last.request_id, last.prompt, last.prompt_token_ids, [merged],
-                             last.finished, last.num_cached_tokens, prompt_logprobs=prompt_lps)
+                             last.finished, last.num_cached_tokens, prompt_logprobs=prompt_lps,
+                             prompt_logprob_ranks=ranks)
 
 
 class StepListener:

@@ -41,3 +41,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # Each prompt token's rank in its distribution (1 = most likely; None for the first),
+    # aligned with prompt_logprobs: the token may lie outside the top-N it comes with.
+    prompt_logprob_ranks: list[int | None] | None = None

@@ -19,22 +19,32 @@ class RequestRejected(ValueError):
 
 
 class PromptTooLongError(RequestRejected):
-    def __init__(self, prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
-        completion = max_tokens or 0
-        super().__init__(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_len + completion} tokens ({prompt_len} in the messages, "
-            f"{completion} in the completion). Please reduce the length of the messages or "
-            "completion.", param="messages")
+    """vLLM's wording: with max_tokens set, what was requested in all; without it, the
+    prompt alone (it leaves no room for a token)."""
+
+    def __init__(self, prompt_len: int, max_tokens: int | None, max_model_len: int,
+                 param: str = "messages") -> None:
+        if max_tokens:
+            message = (f"This model's maximum context length is {max_model_len} tokens. "
+                       f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} "
+                       f"in the messages, {max_tokens} in the completion). Please reduce the "
+                       "length of the messages or completion.")
+        else:
+            message = (f"This model's maximum context length is {max_model_len} tokens. "
+                       f"However, your request has {prompt_len} input tokens. Please reduce "
+                       "the length of the input messages.")
+        super().__init__(message, param=param)
         self.prompt_len, self.max_tokens, self.max_model_len = prompt_len, max_tokens, max_model_len
 
 
-def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int,
+                  param: str = "messages") -> None:
     """vLLM's context-length rule: the prompt leaves room for at least one token and,
-    when max_tokens is set, for all of them."""
+    when max_tokens is set, for all of them. `param`: the request field the prompt came
+    in (`messages` for chat, `prompt` for completions)."""
     if prompt_len >= max_model_len or (
             max_tokens is not None and prompt_len + max_tokens > max_model_len):
-        raise PromptTooLongError(prompt_len, max_tokens, max_model_len)
+        raise PromptTooLongError(prompt_len, max_tokens, max_model_len, param)
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:

@@ -264,6 +264,21 @@ def test_context_too_long_vllm_wording(srv, client, tokenizer):
                                        messages=[{"role": "user", "content": "word " * 600}])
 
 
+def test_prompt_alone_too_long_vllm_wording(srv, tokenizer):
+    """Without max_tokens the prompt alone is what does not fit: vLLM's other wording,
+    naming the field the prompt came in."""
+    prompt = "word " * 600
+    n = len(tokenizer.encode(prompt))
+    err = assert_error(post(srv, "/v1/completions", {"prompt": prompt, "max_tokens": None}),
+                       400, "prompt")
+    assert err["message"] == (f"This model's maximum context length is 512 tokens. However, "
+                              f"your request has {n} input tokens. Please reduce the length "
+                              "of the input messages.")
+    err = assert_error(post(srv, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": prompt}]}), 400, "messages")
+    assert "input tokens" in err["message"]
+
+
 def test_unknown_model_404(srv, client):
     err = assert_error(post(srv, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404, "model")
     assert err["message"] == "The model `gpt-9` does not exist."
@@ -290,6 +305,22 @@ BAD_REQUESTS = [
                            ("web_search_options", {}),
                            ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
                            ("function_call", "auto"))],
+    # vLLM sampling fields this server cannot honour: 400 on both endpoints, never ignored
+    *[(path, {**body, field: value}, field)
+      for path, body in (("/v1/completions", {"prompt": "x"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}))
+      for field, value in (("allowed_token_ids", [5]), ("bad_words", ["x"]),
+                           ("use_beam_search", True), ("length_penalty", 0.5),
+                           ("spaces_between_special_tokens", False), ("cache_salt", "t1"),
+                           ("logits_processors", ["a.b"]), ("vllm_xargs", {"k": 1}))],
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True},
+     "echo"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "verbosity": "low"}, "verbosity"),
+    ("/v1/completions", {"prompt": "x", "prompt_embeds": "AAAA"}, "prompt_embeds"),
+    ("/v1/completions", {"prompt": "x", "stop": ""}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}, "stop"),
+    ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 600}, "truncate_prompt_tokens"),
     ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}},
      "response_format.json_schema"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -323,6 +354,17 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("path,body,param", BAD_REQUESTS)
 def test_bad_field_400_names_it(srv, path, body, param):
     assert_error(post(srv, path, body), 400, param)
+
+
+def test_unhonoured_fields_at_their_no_op_values_pass(srv):
+    """A client that sends vLLM's defaults explicitly is not refused."""
+    same = {"use_beam_search": False, "length_penalty": 1.0,
+            "spaces_between_special_tokens": True, "allowed_token_ids": None}
+    r = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2, **same})
+    assert r.status_code == 200, r.text
+    r = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                           "max_tokens": 2, "echo": False, **same})
+    assert r.status_code == 200, r.text
 
 
 def test_logit_bias_forces_and_bans_tokens(srv, client, tokenizer):
@@ -403,6 +445,10 @@ def test_metrics_names_and_buckets(srv):
         metric(text, name, model_name="tiny", engine="0")
     assert metric(text, "vllm:request_success_total", finished_reason="length") >= 1
     assert metric(text, "vllm:generation_tokens_total") >= 4
+    # Older dashboards' names: the per-token gaps again, and one TPOT per finished request.
+    assert metric(text, "vllm:time_per_output_token_seconds_count") == \
+        metric(text, "vllm:inter_token_latency_seconds_count")
+    assert metric(text, "vllm:request_time_per_output_token_seconds_count") >= 1
     assert metric(text, "vllm:cache_config_info", block_size="16",
                   num_gpu_blocks=str(srv.served.ready.num_blocks)) == 1
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="2560.0",model_name="tiny"}' in text

@@ -240,6 +240,99 @@ def test_completion_logprobs_echo_and_prompt_logprobs(srv, client):
     assert first == pytest.approx(lp.token_logprobs[1], abs=1e-5)
 
 
+def completions(srv, **body) -> dict:
+    r = httpx.post(srv.url + "/v1/completions", timeout=60, json={"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse_chunks(srv, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", srv.url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines()
+                if line.startswith("data: {")]
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(srv):
+    """vLLM's prompt-scoring call: the prompt and its logprobs, nothing generated."""
+    prompt = "hello world the model"
+    full = completions(srv, prompt=prompt, max_tokens=3, echo=True, logprobs=1)["choices"][0]
+    r = completions(srv, prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                    return_token_ids=True)
+    ch = r["choices"][0]
+    n_prompt = len(ch["prompt_token_ids"])
+    assert ch["text"] == prompt and ch["token_ids"] == []
+    assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == n_prompt
+    lp = ch["logprobs"]
+    assert lp["tokens"] == full["logprobs"]["tokens"][:n_prompt]
+    assert lp["token_logprobs"] == full["logprobs"]["token_logprobs"][:n_prompt]
+    streamed = sse_chunks(srv, "/v1/completions", {"prompt": prompt, "max_tokens": 0,
+                                                   "echo": True, "logprobs": 1})
+    assert "".join(c["choices"][0]["text"] for c in streamed) == prompt
+    assert sum((c["choices"][0]["logprobs"]["tokens"] for c in streamed), []) == lp["tokens"]
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_streamed_echo_leads_with_the_prompt_logprobs(srv):
+    body = {"prompt": "hello world the model", "max_tokens": 3, "echo": True, "logprobs": 2,
+            "temperature": 0, "ignore_eos": True}
+    whole = completions(srv, **body)["choices"][0]["logprobs"]
+    chunks = [c["choices"][0]["logprobs"] for c in sse_chunks(srv, "/v1/completions", body)]
+    assert sum((c["tokens"] for c in chunks), []) == whole["tokens"]
+    assert sum((c["token_logprobs"] for c in chunks), []) == whole["token_logprobs"]
+
+
+def test_logprobs_0_names_the_sampled_token(srv):
+    """`logprobs: 0` (and every N) lists the chosen token first, as vLLM does."""
+    for n in (0, 2):
+        lp = completions(srv, prompt="hello world", max_tokens=4, logprobs=n,
+                         ignore_eos=True)["choices"][0]["logprobs"]
+        for tok, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            assert next(iter(top)) == tok and top[tok] == chosen
+            assert len(top) in (max(n, 1), n + 1)
+
+
+def test_prompt_logprobs_rank_is_the_vocabulary_rank(srv):
+    """A prompt token's rank does not depend on how many top logprobs come with it, and
+    the top-N tokens are ranked 1..N (random prompt tokens mostly lie outside them)."""
+    prompt = "zebra quantum hello lantern model of the banana"
+    by_n = {}
+    for n in (1, 5):
+        ch = completions(srv, prompt=prompt, max_tokens=1, prompt_logprobs=n,
+                         return_token_ids=True)["choices"][0]
+        by_n[n] = [None if d is None else d[str(t)]["rank"]
+                   for t, d in zip(ch["prompt_token_ids"], ch["prompt_logprobs"])]
+        for t, d in zip(ch["prompt_token_ids"][1:], ch["prompt_logprobs"][1:]):
+            others = sorted(v["rank"] for k, v in d.items() if k != str(t))
+            assert others == list(range(1, n + 1)) or d[str(t)]["rank"] <= n
+    assert by_n[1] == by_n[5]
+    assert any(r is not None and r > 5 for r in by_n[1])   # outside the top: the true rank
+
+
+def test_continuous_usage_needs_include_usage(srv):
+    body = {"prompt": "hello", "max_tokens": 3, "ignore_eos": True}
+    off = sse_chunks(srv, "/v1/completions", {**body, "stream_options": {
+        "continuous_usage_stats": True}})
+    assert off and all("usage" not in c for c in off)
+    on = sse_chunks(srv, "/v1/completions", {**body, "stream_options": {
+        "continuous_usage_stats": True, "include_usage": True}})
+    assert all("usage" in c for c in on)
+
+
+def test_chat_template_kwargs_override_the_request_fields(srv):
+    def prompt_tokens(**kw) -> int:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": user("hi"), "max_tokens": 1, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens(chat_template_kwargs={"add_generation_prompt": False}) == \
+        prompt_tokens(add_generation_prompt=False) < prompt_tokens()
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "messages": user("hi"), "chat_template_kwargs": {"messages": []}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
 def test_truncate_prompt_tokens_and_cached_tokens_detail(srv):
     long = "hello world the model " * 20
     r = httpx.post(srv.url + "/v1/completions", timeout=60, json={

@@ -30,6 +30,12 @@ def test_error_mapping():
     assert e.status == 400 and e.message.startswith(
         "This model's maximum context length is 4096 tokens. However, you requested 5120 "
         "tokens (4096 in the messages, 1024 in the completion).")
+    assert e.param == "messages"
+    # No max_tokens: the prompt alone fills the context (vLLM's other wording).
+    e = to_api_error(PromptTooLongError(4096, None, 4096, "prompt"))
+    assert e.message == ("This model's maximum context length is 4096 tokens. However, your "
+                         "request has 4096 input tokens. Please reduce the length of the "
+                         "input messages.") and e.param == "prompt"
     assert validation_error([{"loc": ("body", "prompt", "list[int]", 0), "msg": "bad",
                               "type": "int_type"}]).param == "prompt.0"
 
