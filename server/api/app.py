@@ -163,7 +163,7 @@ def build_app(served, server_cfg: ServerConfig, *,
     async def detokenize(request: Request) -> Response:
         return await run(request, serving.detokenize)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         # Alive engine loop -> 200, also while draining: a liveness probe failing during
         # the drain would get the pod killed before its in-flight requests finish.

@@ -36,10 +36,13 @@ def message_text(content: Any, index: int) -> str:
         return content
     parts = []
     for j, part in enumerate(content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise bad_request(f"messages.{index}.content.{j}: only text content parts are "
-                              f"supported, got type {part.get('type')!r}",
-                              f"messages.{index}.content")
+        where = f"messages.{index}.content.{j}"
+        if part.get("type") != "text":
+            raise bad_request(f"{where}: only text content parts are supported, got type "
+                              f"{part.get('type')!r}", f"messages.{index}.content")
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.text: a text part needs its text as a string",
+                              f"{where}.text")
         parts.append(part["text"])
     return "\n".join(parts)
 

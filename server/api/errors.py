@@ -68,7 +68,9 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), None, {"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(exc, EngineUnavailableError):
-        return APIError(exc.status, str(exc))
+        # A 503 the client may retry (queue timeout, draining) says when, as the 429 does.
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 503 else None
+        return APIError(exc.status, str(exc), None, headers)
     if isinstance(exc, SamplingParamsError):
         return APIError(400, str(exc), exc.param)
     if isinstance(exc, RequestRejected):

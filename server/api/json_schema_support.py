@@ -12,8 +12,10 @@ test instead of staying refused):
   `if`/`then`/`else`, `dependentRequired`/`dependentSchemas`/`dependencies`,
   `multipleOf` on non-integers, `allOf` with more than one subschema, a required name
   missing from `properties`, `minLength`/`maxLength` beside `pattern` or `format`,
-  constraints beside `$ref`, constraints beside `enum`/`const`; and a `pattern` (or a
-  `patternProperties` key) with an escape xgrammar would misread (`regex_support.py`).
+  constraints beside `$ref`, a `$ref` outside the schema (never fetched),
+  constraints beside `enum`/`const`; and a `pattern` (or a `patternProperties` key)
+  with an escape xgrammar would misread, or with lookaround, backreferences, `\\b`,
+  `\\p{...}` or inline flags, which it drops from a schema (`regex_support.py`).
 - enforced (accepted): type (and lists of types), properties/required,
   additionalProperties (false by default: strict, as OpenAI's strict mode), enum,
   const, anyOf, oneOf (as anyOf: the output matches at least one branch), a single
@@ -87,6 +89,10 @@ def _refusal(schema: dict) -> str | None:
             "minLength" in schema or "maxLength" in schema):
         return "`minLength`/`maxLength` together with `pattern` or `format`"
     if "$ref" in schema:
+        ref = schema["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            # xgrammar never fetches a document: the field would go unconstrained
+            return f"the external `$ref` {ref!r} (only references within the schema)"
         extra = _constraints(schema, allow=frozenset({"$ref"}))
         if extra:
             return f"`{extra[0]}` beside `$ref`"
@@ -99,7 +105,7 @@ def _refusal(schema: dict) -> str | None:
     if isinstance(schema.get("patternProperties"), dict):
         patterns += list(schema["patternProperties"])
     for pattern in patterns:
-        problem = regex_problem(pattern)
+        problem = regex_problem(pattern, in_schema=True)
         if problem is not None:
             return f"the pattern {pattern!r} ({problem})"
     required = schema.get("required")

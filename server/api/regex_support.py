@@ -19,14 +19,22 @@ REFUSED_BY_XGRAMMAR = {False: frozenset("bckpBP123456789"),  # outside a class
 _HEX2 = re.compile(r"[0-9A-Fa-f]{2}")
 
 
-def regex_problem(pattern: str) -> str | None:
+def regex_problem(pattern: str, *, in_schema: bool = False) -> str | None:
     """Why xgrammar would not match `pattern` as written, when it would not say so
-    itself; None otherwise."""
+    itself; None otherwise. `in_schema`: a JSON Schema `pattern`, where xgrammar also
+    drops what it refuses in a bare regex (lookaround, backreferences, `\\b`,
+    `\\p{...}`, inline flags) with only a log line, so those are refused here too."""
     i, in_class = 0, False
     while i < len(pattern):
         ch = pattern[i]
+        if in_schema and not in_class and pattern.startswith("(?", i) \
+                and not pattern.startswith("(?:", i):
+            return (f"the group {pattern[i:i + 4]!r}... at position {i} (lookaround, named "
+                    "groups and inline flags) is not supported")
         if ch == "\\" and i + 1 < len(pattern):
             esc = pattern[i + 1]
+            if in_schema and esc in REFUSED_BY_XGRAMMAR[in_class]:
+                return f"the escape \\{esc} at position {i} is not supported"
             if esc.isascii() and esc.isalnum() and esc not in KNOWN \
                     and esc not in REFUSED_BY_XGRAMMAR[in_class]:
                 return f"the escape \\{esc} at position {i} is not supported"

@@ -29,7 +29,7 @@ from pagefleet.server.api import protocol as P
 from pagefleet.server.api.chat import LogprobFormatter, render_chat
 from pagefleet.server.api.errors import APIError, bad_request, error_body, to_api_error
 from pagefleet.server.api.reasoning import REASONING_FIELDS, get_reasoning_parser, think_token_ids
-from pagefleet.server.api.structured_outputs import grammar_spec_from_request
+from pagefleet.server.api.structured_outputs import grammar_spec_from_request, spec_problem
 from pagefleet.server.api.tool_parsers import (ToolChoiceError, get_tool_parser, parser_for_plan,
                                                plan_tool_choice)
 from pagefleet.server.engine.async_engine import AsyncEngine, RequestStream
@@ -61,6 +61,12 @@ def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int,
         _check_context(prompt_len, max_tokens, max_model_len, param)
     except PromptTooLongError as e:
         raise APIError(400, str(e), e.param) from None
+
+
+def _clip(text: str, limit: int = 256) -> str:
+    """A client's string quoted back in an error, cut short: a 60 KB model name must
+    not come back as a 60 KB message."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def sse(obj: dict) -> str:
@@ -153,7 +159,7 @@ class OpenAIServing:
     # -- shared checks ---------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
         if name and name not in self.model_names:
-            raise APIError(404, f"The model `{name}` does not exist.", "model")
+            raise APIError(404, f"The model `{_clip(name)}` does not exist.", "model")
 
     def _common_checks(self, req: P._SamplingFields) -> tuple[int, int]:
         """Checks every generation request shares; returns (n, best_of)."""
@@ -536,7 +542,7 @@ class OpenAIServing:
                                   f"{plan.mode!r} tool_choice", "tool_choice")
             # Compact JSON: whitespace in a forced call is noise, and a weak model can
             # wander in it until max_tokens.
-            spec = GrammarSpec.json_schema(plan.schema, any_whitespace=False)
+            spec = self._forced_call_spec(plan)
             grammar = (spec.kind, spec.text, spec.syntax, spec.any_whitespace)
         text = self.chat_prompt_text(req, tok, req.tools)
         add_special = req.add_special_tokens if req.add_special_tokens is not None else False
@@ -564,6 +570,25 @@ class OpenAIServing:
             reasoning_end_token_id=reasoning_end,
             skip_special_tokens=params.skip_special_tokens and not self._tags_are_special(plan))
         return Prepared(req, [ids], [text], params, n, best_of, prompt_text=text, plan=plan)
+
+    @staticmethod
+    def _forced_call_spec(plan) -> GrammarSpec:
+        """The grammar of a forced tool call, its schemas checked as response_format's
+        are: each tool that can be called names itself in the 400, then the whole."""
+        called = plan.tools if plan.mode == "required" else (plan.function,)
+        for fn in called:
+            k = plan.tools.index(fn)
+            try:
+                problem = spec_problem(GrammarSpec.json_schema(fn.parameters, False))
+            except (TypeError, ValueError) as exc:          # NaN, circular structures
+                problem = f"not serializable as JSON: {exc}"
+            if problem is not None:
+                where = f"tools.{k}.function.parameters"
+                raise bad_request(f"{where}: {problem}", where)
+        spec = GrammarSpec.json_schema(plan.schema, any_whitespace=False)
+        if (problem := spec_problem(spec)) is not None:
+            raise bad_request(f"tools: {problem}", "tools")
+        return spec
 
     def _reasoning_closed_in(self, prompt_ids: list[int]) -> bool:
         """The prompt already ends its think block (e.g. Qwen3 with thinking off)."""
@@ -775,7 +800,7 @@ class OpenAIServing:
         for card in self.model_cards():
             if card["id"] == model_id:
                 return json_response(card)
-        raise APIError(404, f"The model `{model_id}` does not exist.", "model")
+        raise APIError(404, f"The model `{_clip(model_id)}` does not exist.", "model")
 
 
 class Accum:

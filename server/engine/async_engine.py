@@ -416,6 +416,8 @@ class AsyncEngine:
                     f"the request waited more than --queue-timeout {self.queue_timeout:g}s in "
                     "the queue without being scheduled")
                 self._fail(stream, exc, "timeout")
+            elif f.kind == "invalid":   # the request's own constraint (its grammar): a 400
+                self._fail(stream, RequestRejected(f.message, "structured_outputs"), "error")
             else:
                 self._fail(stream, RequestFailedError(f"the engine failed this request: "
                                                       f"{f.message}"), "error")

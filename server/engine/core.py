@@ -39,7 +39,8 @@ from pagefleet.server.engine.sampler import PendingSample, Sampler, SamplerStep
 from pagefleet.server.engine.scheduler import Scheduler, SchedulerOutput
 from pagefleet.server.engine.staging import StagingOverflow
 from pagefleet.server.ops import compile_watch
-from pagefleet.server.engine.structured_requests import GrammarViolation, StructuredRequests
+from pagefleet.server.engine.structured_requests import (GrammarDeadEnd, GrammarViolation,
+                                                          StructuredRequests)
 from pagefleet.server.engine.tp_executor import make_runner
 from pagefleet.server.engine.validation import RequestRejected
 from pagefleet.server.models.config import ModelConfig
@@ -227,10 +228,13 @@ class EngineCore:
             req.slot = -1
 
     def _fail(self, req: Request, exc: BaseException, out: CoreOutputs, stage: str) -> None:
-        log.warning("request %s failed while %s: %s: %s", req.request_id, stage,
-                    type(exc).__name__, exc)
         if not req.is_finished:
             self._finish(req, "abort")
+        if isinstance(exc, GrammarDeadEnd):   # the request's own doing: its words, a 400
+            out.failed.append(CoreFailure(req.request_id, "invalid", str(exc)))
+            return
+        log.warning("request %s failed while %s: %s: %s", req.request_id, stage,
+                    type(exc).__name__, exc)
         out.failed.append(CoreFailure(req.request_id, "error",
                                       f"the request failed while {stage}: {type(exc).__name__}"))
 
@@ -379,18 +383,18 @@ class EngineCore:
 
     def _append(self, req: Request, token: int, lp: Logprobs | None, out: CoreOutputs,
                 prompt_lp: Logprobs | None = None) -> None:
+        grammar = req.structured
+        if grammar is not None and not grammar.accept(token):
+            self._grammar_refused(req, out, prompt_lp)
+            return
         req.all_token_ids.append(token)
         self.generation_tokens += 1
         p = req.params
         n_out = req.num_output_tokens
         cached = req.num_cached_tokens if n_out == 1 else -1
         finish, stop = None, None
-        grammar = req.structured
-        if grammar is not None:
-            if not grammar.accept(token):
-                raise GrammarViolation("the sampled token does not fit the request's grammar")
-            if grammar.is_terminated():
-                finish = "stop"     # the output is complete under its grammar
+        if grammar is not None and grammar.is_terminated():
+            finish = "stop"     # the output is complete under its grammar
         if finish is None and n_out >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
                 finish = "stop"
@@ -403,6 +407,25 @@ class EngineCore:
             self._finish(req, finish, stop)
         out.outputs.append(CoreOutput(req.request_id, [token], lp, finish, stop, cached,
                                       prompt_lp))
+
+    def _grammar_refused(self, req: Request, out: CoreOutputs,
+                         prompt_lp: Logprobs | None) -> None:
+        """The sampled token breaks the request's grammar: the sampler masked what the
+        grammar allowed, so either only the grammar's end was left and the request's
+        own min_tokens (or logit_bias) kept it out: the grammar wins, the request stops
+        there, the token unused; or the grammar allows nothing at all (the client's
+        grammar has a dead end: a 400); else the mask was not applied, a bug."""
+        left = req.structured.next_allowed()
+        if left == "stop":
+            cached = req.num_cached_tokens if req.num_output_tokens == 0 else -1
+            self._finish(req, "stop")
+            out.outputs.append(CoreOutput(req.request_id, [], None, "stop", None, cached,
+                                          prompt_lp))
+        elif left == "none":
+            raise GrammarDeadEnd(f"the request's structured-output constraint allows no "
+                                 f"token after {req.num_output_tokens} generated tokens")
+        else:
+            raise GrammarViolation("the sampled token does not fit the request's grammar")
 
     # -- observability ---------------------------------------------------------------
     def stats(self) -> CoreStats:

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -286,6 +287,24 @@ class StructuredState:
 
     def is_terminated(self) -> bool:
         return self._enforcing and self.matcher.is_terminated()
+
+    def next_allowed(self) -> str:
+        """What the grammar allows next: "none" (a dead end: the grammar can neither go
+        on nor stop), "stop" (only its stop tokens: it is complete) or "some". For the
+        rare step whose sampled token the grammar refused, to tell the client's grammar
+        or min_tokens from a bug; one host bitmask, never on the hot path."""
+        if not self._enforcing:
+            return "some"
+        if self.matcher.is_terminated():
+            return "stop"
+        bits = xgr.allocate_token_bitmask(1, self.compiled.tokenizer_info.vocab_size)
+        self.matcher.fill_next_token_bitmask(bits, 0)
+        words = bits[0].numpy().view(np.uint32)
+        allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+        if allowed.size == 0:
+            return "none"
+        stops = set(self.stop_token_ids or ())
+        return "stop" if stops and set(allowed.tolist()) <= stops else "some"
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the next token's allowed set into `bitmask[row]` (all allowed while

@@ -30,6 +30,11 @@ class GrammarViolation(RuntimeError):
     """A sampled token the grammar does not allow (the mask was not applied: a bug)."""
 
 
+class GrammarDeadEnd(ValueError):
+    """The request's grammar allows no token at all here (neither going on nor
+    stopping): the client's constraint cannot be satisfied, a 400 for the request."""
+
+
 class StructuredRequests:
     def __init__(self, tokenizer_path: str | Path, vocab_size: int, eos_token_ids,
                  max_rows: int, device: torch.device) -> None:

@@ -192,6 +192,7 @@ def test_tokenize_detokenize_version_health(srv, tokenizer):
     assert chat.json()["tokens"] == tokenizer.encode(text, add_special_tokens=False)
     assert httpx.get(srv.url + "/version").json()["version"]
     assert httpx.get(srv.url + "/health").status_code == 200
+    assert httpx.head(srv.url + "/health").status_code == 200   # probes that send HEAD
 
 
 def test_request_id_echoed(srv):
@@ -282,6 +283,9 @@ def test_prompt_alone_too_long_vllm_wording(srv, tokenizer):
 def test_unknown_model_404(srv, client):
     err = assert_error(post(srv, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404, "model")
     assert err["message"] == "The model `gpt-9` does not exist."
+    long = "m" * 60_000        # quoted back cut short
+    r = httpx.get(f"{srv.url}/v1/models/{long}", headers=AUTH)
+    assert r.status_code == 404 and len(r.text) < 1000
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
@@ -345,6 +349,8 @@ BAD_REQUESTS = [
                               "max_completion_tokens": -3}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages.0.content.0.text"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "add_generation_prompt": True, "continue_final_message": True},
      "continue_final_message"),

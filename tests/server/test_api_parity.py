@@ -186,6 +186,62 @@ def test_invalid_constraints_are_400(srv, body, param):
     assert r.json()["error"]["param"].startswith(param.split(".")[0]), r.text
 
 
+BAD = {"type": "function", "function": {"name": "broken", "parameters": {"type": "bogus"}}}
+
+
+@pytest.mark.parametrize("tools,choice,param", [
+    ([BAD], {"type": "function", "function": {"name": "broken"}}, "tools.0.function.parameters"),
+    ([WEATHER, BAD], "required", "tools.1.function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string", "minLength": 5, "maxLength": 2}}}],
+     {"type": "function", "function": {"name": "f"}}, "tools.0.function.parameters"),
+])
+def test_forced_tool_call_with_a_bad_schema_is_400(srv, tools, choice, param):
+    """A forced call's schema becomes the grammar: checked as response_format's is (it
+    reached the compiler and came back a 500)."""
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "messages": user("x"), "max_tokens": 8, "tools": tools, "tool_choice": choice})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    # a bad schema of a tool that cannot be called does not matter
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "messages": user("x"), "max_tokens": 8, "tools": [WEATHER, BAD],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert r.status_code == 200, r.text
+
+
+def test_a_grammar_with_no_way_on_is_a_400_and_the_server_goes_on(srv):
+    r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": "hi", "max_tokens": 8, "guided_regex": r"[^\s\S]"})
+    assert r.status_code == 400, r.text
+    assert "allows no token after 0 generated tokens" in r.json()["error"]["message"]
+    # a dead end after two forced tokens: the stream has begun, the error comes in-band
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
+            "prompt": "hi", "max_tokens": 8, "stream": True,
+            "guided_regex": r"ab[^\s\S]"}) as resp:
+        lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
+    errors = [json.loads(ln[6:])["error"] for ln in lines if '"error"' in ln]
+    assert resp.status_code == 200 and lines[-1] == "data: [DONE]"
+    assert errors and errors[0]["code"] == 400, lines
+    text = "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines
+                   if ln.startswith("data: {") and '"choices"' in ln)
+    assert text == "ab"
+    wait_for(lambda: metric(httpx.get(srv.url + "/metrics").text,
+                            "vllm:num_requests_running") == 0)
+    ok = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": "hi", "max_tokens": 4, "guided_choice": ["yes", "no"]})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] in ("yes", "no")
+
+
+def test_min_tokens_yields_to_the_grammar_end(srv):
+    """min_tokens keeps EOS out while the finished grammar allows only EOS: the grammar
+    wins (it was a 500)."""
+    r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+        "prompt": "hi", "max_tokens": 20, "min_tokens": 10, "guided_choice": ["a", "b"]})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["text"] in ("a", "b") and ch["finish_reason"] == "stop"
+
+
 # -- n / best_of -----------------------------------------------------------------------------
 def test_n_shares_the_first_choice_with_n1_and_best_of_picks_the_likeliest(srv):
     body = {"prompt": "hello world", "max_tokens": 12, "temperature": 1.0, "seed": 42,

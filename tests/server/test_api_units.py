@@ -25,7 +25,8 @@ def test_key_matches():
 def test_error_mapping():
     e = to_api_error(QueueFullError("full"))
     assert e.status == 429 and e.headers["Retry-After"] == "1"
-    assert to_api_error(QueueTimeoutError("late")).status == 503
+    late = to_api_error(QueueTimeoutError("late"))
+    assert late.status == 503 and late.headers["Retry-After"] == "1"
     e = to_api_error(PromptTooLongError(4096, 1024, 4096))
     assert e.status == 400 and e.message.startswith(
         "This model's maximum context length is 4096 tokens. However, you requested 5120 "

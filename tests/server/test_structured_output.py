@@ -312,6 +312,17 @@ def test_finished_grammar_allows_only_stop_tokens(tokenizer, compiler, vocab_siz
     assert not st.accept(eos_ids[0]), "nothing is accepted after termination"
 
 
+def test_next_allowed_tells_a_dead_end_from_a_finished_grammar(tokenizer, compiler, eos_ids):
+    """What the engine reads when a sampled token broke the grammar (core._grammar_refused)."""
+    st = StructuredState(compiled(compiler, GrammarSpec.choice(["yes"])), eos_ids)
+    assert st.next_allowed() == "some"
+    for tok in tokenizer("yes")["input_ids"]:
+        assert st.accept(tok)
+    assert st.next_allowed() == "stop"
+    dead = StructuredState(compiled(compiler, GrammarSpec.regex(r"[^\s\S]")), eos_ids)
+    assert dead.next_allowed() == "none"
+
+
 def test_request_stop_token_ids_end_a_finished_grammar(tokenizer, compiler, vocab_size):
     extra = tokenizer.convert_tokens_to_ids("<|im_start|>")
     st = StructuredState(compiled(compiler, GrammarSpec.choice(["ok"])), [2, extra])
@@ -546,6 +557,13 @@ INVALID = [
      r"cannot enforce the pattern '^\\w+\\Z' (the escape \Z at position 4"),
     (rf_schema({"type": "object", "patternProperties": {r"^\Qx": {"type": "integer"}}}),
      SCHEMA_PARAM, r"the escape \Q"),
+    # in a schema xgrammar drops what it refuses in a bare regex (with a log line only)
+    (rf_schema({"type": "string", "pattern": "^(?=b)[ab]{3}$"}), SCHEMA_PARAM,
+     "the group '(?=b'... at position 1"),
+    (rf_schema({"type": "string", "pattern": r"^(a)\1$"}), SCHEMA_PARAM,
+     r"the escape \1 at position 4"),
+    (rf_schema({"type": "object", "properties": {"a": {"$ref": "file:///etc/passwd"}}}),
+     SCHEMA_PARAM, "the external `$ref` 'file:///etc/passwd'"),
     ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex", "non-empty"),
     ({"structured_outputs": {"regex": 5}}, "structured_outputs.regex", "non-empty string"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty list"),
@@ -666,6 +684,7 @@ REFUSED = {
     "$ref+maximum": {"$defs": {"X": {"type": "integer"}}, "$ref": "#/$defs/X",
                      "minimum": 0, "maximum": 3},
     "enum+maxLength": {"type": "string", "enum": ["abc", "d"], "maxLength": 1},
+    "pattern lookahead": {"type": "string", "pattern": "^(?=b)[ab]{3}$"},
 }
 ENFORCED = {
     "integer multipleOf": {"type": "integer", "multipleOf": 7},
