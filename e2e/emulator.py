@@ -150,6 +150,93 @@ async def forget_refused_create(emulator: kmock.KubernetesEmulator, request: Any
         await emulator._buses[request.resource].put({"type": "DELETED", "object": raw})
 
 
+# ---------------------------------------------------------------- storage form
+
+# Go `*bool` fields of a pod spec: kept when false. Every other false bool of a pod
+# spec is a plain `bool,omitempty` and is dropped when stored.
+POINTER_BOOLS = {"automountServiceAccountToken", "enableServiceLinks", "shareProcessNamespace",
+                 "setHostnameAsFQDN", "hostUsers", "runAsNonRoot", "privileged",
+                 "allowPrivilegeEscalation", "readOnlyRootFilesystem", "optional"}
+POINTER_BOOL_PARENTS = {"csi", "azureDisk"}          # their readOnly is a *bool
+QUANTITY_MAPS = {"requests", "limits", "overhead"}    # maps of name -> Quantity
+QUANTITY_FIELDS = {"sizeLimit", "divisor"}
+
+
+def _stored_pod_part(value: Any, key: str = "", parent: str = "") -> Any:
+    """Part of a pod spec as kube-apiserver serializes it after decoding into Go
+    structs: false plain bools, empty strings and empty lists (omitempty) dropped,
+    quantities canonical."""
+    from pagefleet.operator.quantity import QuantityError, canonical
+
+    def quantity(v: Any) -> Any:
+        try:
+            return canonical(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else v
+        except QuantityError:
+            return v
+
+    if isinstance(value, list):
+        return [_stored_pod_part(v, "", key) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if v is None or v == "" or v == []:
+            continue
+        if v is False and k not in POINTER_BOOLS and not (k == "readOnly" and key in POINTER_BOOL_PARENTS):
+            continue
+        if k in QUANTITY_MAPS and isinstance(v, dict):
+            out[k] = {name: quantity(q) for name, q in v.items()}
+        elif k in QUANTITY_FIELDS:
+            out[k] = quantity(v)
+        else:
+            out[k] = _stored_pod_part(v, k, key)
+    return out
+
+
+def stored_form(obj: Any) -> Any:
+    """An object as the API server would store it: the pod spec of a Pod, or the pod
+    template of a workload, normalized (`_stored_pod_part`). A client that compares
+    what it sent with what it reads back must expect this."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
+        return obj
+    out = copy.deepcopy(obj)
+    spec = out["spec"]
+    if out.get("kind") == "Pod":
+        out["spec"] = _stored_pod_part(spec)
+    elif isinstance((spec.get("template") or {}).get("spec"), dict):
+        spec["template"]["spec"] = _stored_pod_part(spec["template"]["spec"])
+    return out
+
+
+def store_normalized(emulator: kmock.KubernetesEmulator, request: Any) -> None:
+    """Rewrite a create or merge patch so that what kmock stores is `stored_form` of
+    the result (kmock keeps objects exactly as sent; a real API server does not)."""
+    res = request.resource
+    if res is None or not isinstance(request.data, dict):
+        return
+    if request.action == enums.action.CREATE:
+        new = stored_form(request.data)
+    elif request.action == enums.action.UPDATE and request.name and request.subresource is None:
+        try:
+            obj = emulator.objects[res, request.namespace, request.name]
+        except KeyError:
+            return
+        if obj.deleted:
+            return
+        old = dict(obj.raw)
+        try:
+            merged = dict(dicts.patch_dict(old, request.data))
+        except (ValueError, TypeError):
+            return
+        new = smp.merge_patch(old, stored_form({**merged, "kind": merged.get("kind") or old.get("kind")}))
+    else:
+        return
+    if new is not request.data:
+        new = copy.deepcopy(new)
+        request.data.clear()
+        request.data.update(new)
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with the API server behaviour the e2e path relies on."""
@@ -321,6 +408,7 @@ class ApiServer(kmock.KubernetesEmulator):
                         + (f' in the namespace "{request.namespace}"' if request.namespace else ""))
         self._strategic(request)
         self._stamp(request)
+        store_normalized(self, request)
         response = await super()._handle(request)
         res = request.resource
         await forget_refused_create(self, request, response)
