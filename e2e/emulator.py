@@ -281,6 +281,14 @@ class ApiServer(kmock.KubernetesEmulator):
             return True  # discovery and other non-resource URLs
         resource = res.plural + (f"/{request.subresource}" if request.subresource else "")
         group = res.group or ""
+        if self._can(user, request.namespace, group, resource, verb):
+            return True
+        self.denied.append((user, verb, group, resource, request.namespace))
+        return False
+
+    def _can(self, user: str, namespace: str | None, group: str, resource: str, verb: str) -> bool:
+        """Do the user's Roles/ClusterRoles grant `verb` on `resource`? (The grant is
+        recorded as used either way, for the e2e check that every grant is needed.)"""
         self.used.add((user, verb, group, resource))
         ns_name = user[len(SA_PREFIX):].split(":")
         subject = {"kind": "ServiceAccount", "namespace": ns_name[0], "name": ns_name[1]}
@@ -294,19 +302,48 @@ class ApiServer(kmock.KubernetesEmulator):
             if bound(b):
                 role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, b["roleRef"]["name"])
                 rules += (role or {}).get("rules") or []
-        if request.namespace:
-            for b in self._list("rbac.authorization.k8s.io/v1/rolebindings", request.namespace):
+        if namespace:
+            for b in self._list("rbac.authorization.k8s.io/v1/rolebindings", namespace):
                 if bound(b):
                     ref = b["roleRef"]
                     if ref["kind"] == "ClusterRole":
                         role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, ref["name"])
                     else:
-                        role = self._stored("rbac.authorization.k8s.io/v1/roles", request.namespace, ref["name"])
+                        role = self._stored("rbac.authorization.k8s.io/v1/roles", namespace, ref["name"])
                     rules += (role or {}).get("rules") or []
-        if any(rule_allows(r, group, resource, verb) for r in rules):
-            return True
-        self.denied.append((user, verb, group, resource, request.namespace))
-        return False
+        return any(rule_allows(r, group, resource, verb) for r in rules)
+
+    def _owner_plural(self, api_version: str, kind: str) -> tuple[str, str] | None:
+        """(group, plural) of an owner reference's kind, from the served resources."""
+        group, _, version = api_version.rpartition("/")
+        for key, info in self.resources.items():
+            if getattr(info, "kind", None) == kind and (key.group or "") == group and key.version == version:
+                return group, key.plural
+        return None
+
+    def _block_owner_deletion_allowed(self, user: str, request: Any) -> str | None:
+        """The OwnerReferencesPermissionEnforcement admission plugin (on by default in
+        OpenShift): setting blockOwnerDeletion needs `update` on the owner's
+        `finalizers` subresource. None when allowed, else the API server's message."""
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE) or not isinstance(request.data, dict):
+            return None
+        refs = (request.data.get("metadata") or {}).get("ownerReferences") or []
+        old_refs: list[Any] = []
+        res = request.resource
+        if request.action == enums.action.UPDATE and res is not None and request.name:
+            old = self._stored(f"{res.group}/{res.version}/{res.plural}".lstrip("/"), request.namespace,
+                               request.name) or {}
+            old_refs = (old.get("metadata") or {}).get("ownerReferences") or []
+        for ref in refs:
+            if not ref.get("blockOwnerDeletion") or ref in old_refs:
+                continue
+            owner = self._owner_plural(ref.get("apiVersion", ""), ref.get("kind", ""))
+            group, plural = owner or ("", str(ref.get("kind")).lower())
+            if owner is None or not self._can(user, request.namespace, group, f"{plural}/finalizers", "update"):
+                self.denied.append((user, "update", group, f"{plural}/finalizers", request.namespace))
+                return (f"cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't "
+                        f"set finalizers on: , {ref}")
+        return None
 
     def _stamp(self, request: Any) -> None:
         """uid/resourceVersion/generation/creationTimestamp, as an API server sets them."""
@@ -406,6 +443,9 @@ class ApiServer(kmock.KubernetesEmulator):
                 message=f'{res.plural} is forbidden: User "{auth}" cannot {_verb(request)} resource '
                         f'"{res.plural}" in API group "{res.group}"'
                         + (f' in the namespace "{request.namespace}"' if request.namespace else ""))
+        refused = self._block_owner_deletion_allowed(auth, request) if auth.startswith(SA_PREFIX) else None
+        if refused:
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=refused)
         self._strategic(request)
         self._stamp(request)
         store_normalized(self, request)

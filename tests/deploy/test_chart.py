@@ -103,6 +103,8 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 NAMESPACED_GRANTS = {
     ("pagefleet.dev", "modeldeployments", "get"), ("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
     ("pagefleet.dev", "modeldeployments", "patch"), ("pagefleet.dev", "modeldeployments/status", "patch"),
+    # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement, OpenShift)
+    ("pagefleet.dev", "modeldeployments/finalizers", "update"),
     *{(g, r, v) for g, r in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets"))
       for v in ("get", "list", "watch", "create", "patch", "delete")},
     ("", "pods", "list"), ("", "pods", "watch"), ("", "persistentvolumeclaims", "get"), ("", "events", "create"),
