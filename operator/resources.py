@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pagefleet.operator import crd, names, quantity, serverargs
-from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec
-from pagefleet.server.config import engine_flag
+from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec, SpecError
+from pagefleet.server.cli import build_configs
+from pagefleet.server.config import ConfigError, engine_flag
 
 PORT = 8000
 PORT_NAME = "http"
@@ -155,6 +156,23 @@ def server_args(spec: ModelDeploymentSpec) -> list[str]:
     if spec.gpu_memory_utilization_override is not None:  # last, so it wins over extraArgs
         args += [engine_flag("gpu_memory_utilization"), _flag_value(spec.gpu_memory_utilization_override)]
     return args
+
+
+def check_server_args(spec: ModelDeploymentSpec) -> None:
+    """SpecError when `pagefleet serve` would refuse the rendered args at startup.
+
+    Why: extraArgs pass the server's parser (serverargs.check_extra) but not its range
+    and consistency checks (`--gpu-memory-utilization 2`, `--queue-timeout 0`,
+    `--pipeline-parallel-size 2`); deployed, every pod would exit 2 and crash-loop
+    instead of the spec being reported InvalidSpec. This runs the server's own
+    argv -> validated EngineConfig/ServerConfig step (`cli.build_configs`), which loads
+    no model and touches no GPU."""
+    try:
+        build_configs(server_args(spec))
+    except (ConfigError, SystemExit) as e:
+        # SystemExit: an argparse refusal (check_extra has normally caught it already).
+        where = "spec.engine.extraArgs" if spec.extra_args else "spec.engine"
+        raise SpecError(where, f"pagefleet serve would refuse it: {e}") from None
 
 
 def termination_grace_seconds(spec: ModelDeploymentSpec) -> int:
