@@ -211,7 +211,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, namespace: str, name: str,
         raise kopf.TemporaryError(str(e), delay=60 if controller._stalling(e) else 10) from e
 
 
-@kopf.on.delete(**RESOURCE)
+# optional: owner references already make the garbage collector delete the children,
+# so this handler is no reason for a finalizer of its own. (The autoscaler daemon is:
+# kopf 1.45 puts a finalizer on every object a daemon runs for, to stop it first.)
+@kopf.on.delete(**RESOURCE, optional=True)
 async def delete(name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     state = _state(memo, namespace, name)
     async with state.lock:
