@@ -150,6 +150,93 @@ async def forget_refused_create(emulator: kmock.KubernetesEmulator, request: Any
         await emulator._buses[request.resource].put({"type": "DELETED", "object": raw})
 
 
+# ---------------------------------------------------------------- storage form
+
+# Go `*bool` fields of a pod spec: kept when false. Every other false bool of a pod
+# spec is a plain `bool,omitempty` and is dropped when stored.
+POINTER_BOOLS = {"automountServiceAccountToken", "enableServiceLinks", "shareProcessNamespace",
+                 "setHostnameAsFQDN", "hostUsers", "runAsNonRoot", "privileged",
+                 "allowPrivilegeEscalation", "readOnlyRootFilesystem", "optional"}
+POINTER_BOOL_PARENTS = {"csi", "azureDisk"}          # their readOnly is a *bool
+QUANTITY_MAPS = {"requests", "limits", "overhead"}    # maps of name -> Quantity
+QUANTITY_FIELDS = {"sizeLimit", "divisor"}
+
+
+def _stored_pod_part(value: Any, key: str = "", parent: str = "") -> Any:
+    """Part of a pod spec as kube-apiserver serializes it after decoding into Go
+    structs: false plain bools, empty strings and empty lists (omitempty) dropped,
+    quantities canonical."""
+    from pagefleet.operator.quantity import QuantityError, canonical
+
+    def quantity(v: Any) -> Any:
+        try:
+            return canonical(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else v
+        except QuantityError:
+            return v
+
+    if isinstance(value, list):
+        return [_stored_pod_part(v, "", key) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if v is None or v == "" or v == []:
+            continue
+        if v is False and k not in POINTER_BOOLS and not (k == "readOnly" and key in POINTER_BOOL_PARENTS):
+            continue
+        if k in QUANTITY_MAPS and isinstance(v, dict):
+            out[k] = {name: quantity(q) for name, q in v.items()}
+        elif k in QUANTITY_FIELDS:
+            out[k] = quantity(v)
+        else:
+            out[k] = _stored_pod_part(v, k, key)
+    return out
+
+
+def stored_form(obj: Any) -> Any:
+    """An object as the API server would store it: the pod spec of a Pod, or the pod
+    template of a workload, normalized (`_stored_pod_part`). A client that compares
+    what it sent with what it reads back must expect this."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
+        return obj
+    out = copy.deepcopy(obj)
+    spec = out["spec"]
+    if out.get("kind") == "Pod":
+        out["spec"] = _stored_pod_part(spec)
+    elif isinstance((spec.get("template") or {}).get("spec"), dict):
+        spec["template"]["spec"] = _stored_pod_part(spec["template"]["spec"])
+    return out
+
+
+def store_normalized(emulator: kmock.KubernetesEmulator, request: Any) -> None:
+    """Rewrite a create or merge patch so that what kmock stores is `stored_form` of
+    the result (kmock keeps objects exactly as sent; a real API server does not)."""
+    res = request.resource
+    if res is None or not isinstance(request.data, dict):
+        return
+    if request.action == enums.action.CREATE:
+        new = stored_form(request.data)
+    elif request.action == enums.action.UPDATE and request.name and request.subresource is None:
+        try:
+            obj = emulator.objects[res, request.namespace, request.name]
+        except KeyError:
+            return
+        if obj.deleted:
+            return
+        old = dict(obj.raw)
+        try:
+            merged = dict(dicts.patch_dict(old, request.data))
+        except (ValueError, TypeError):
+            return
+        new = smp.merge_patch(old, stored_form({**merged, "kind": merged.get("kind") or old.get("kind")}))
+    else:
+        return
+    if new is not request.data:
+        new = copy.deepcopy(new)
+        request.data.clear()
+        request.data.update(new)
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with the API server behaviour the e2e path relies on."""
@@ -194,6 +281,14 @@ class ApiServer(kmock.KubernetesEmulator):
             return True  # discovery and other non-resource URLs
         resource = res.plural + (f"/{request.subresource}" if request.subresource else "")
         group = res.group or ""
+        if self._can(user, request.namespace, group, resource, verb):
+            return True
+        self.denied.append((user, verb, group, resource, request.namespace))
+        return False
+
+    def _can(self, user: str, namespace: str | None, group: str, resource: str, verb: str) -> bool:
+        """Do the user's Roles/ClusterRoles grant `verb` on `resource`? (The grant is
+        recorded as used either way, for the e2e check that every grant is needed.)"""
         self.used.add((user, verb, group, resource))
         ns_name = user[len(SA_PREFIX):].split(":")
         subject = {"kind": "ServiceAccount", "namespace": ns_name[0], "name": ns_name[1]}
@@ -207,19 +302,48 @@ class ApiServer(kmock.KubernetesEmulator):
             if bound(b):
                 role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, b["roleRef"]["name"])
                 rules += (role or {}).get("rules") or []
-        if request.namespace:
-            for b in self._list("rbac.authorization.k8s.io/v1/rolebindings", request.namespace):
+        if namespace:
+            for b in self._list("rbac.authorization.k8s.io/v1/rolebindings", namespace):
                 if bound(b):
                     ref = b["roleRef"]
                     if ref["kind"] == "ClusterRole":
                         role = self._stored("rbac.authorization.k8s.io/v1/clusterroles", None, ref["name"])
                     else:
-                        role = self._stored("rbac.authorization.k8s.io/v1/roles", request.namespace, ref["name"])
+                        role = self._stored("rbac.authorization.k8s.io/v1/roles", namespace, ref["name"])
                     rules += (role or {}).get("rules") or []
-        if any(rule_allows(r, group, resource, verb) for r in rules):
-            return True
-        self.denied.append((user, verb, group, resource, request.namespace))
-        return False
+        return any(rule_allows(r, group, resource, verb) for r in rules)
+
+    def _owner_plural(self, api_version: str, kind: str) -> tuple[str, str] | None:
+        """(group, plural) of an owner reference's kind, from the served resources."""
+        group, _, version = api_version.rpartition("/")
+        for key, info in self.resources.items():
+            if getattr(info, "kind", None) == kind and (key.group or "") == group and key.version == version:
+                return group, key.plural
+        return None
+
+    def _block_owner_deletion_allowed(self, user: str, request: Any) -> str | None:
+        """The OwnerReferencesPermissionEnforcement admission plugin (on by default in
+        OpenShift): setting blockOwnerDeletion needs `update` on the owner's
+        `finalizers` subresource. None when allowed, else the API server's message."""
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE) or not isinstance(request.data, dict):
+            return None
+        refs = (request.data.get("metadata") or {}).get("ownerReferences") or []
+        old_refs: list[Any] = []
+        res = request.resource
+        if request.action == enums.action.UPDATE and res is not None and request.name:
+            old = self._stored(f"{res.group}/{res.version}/{res.plural}".lstrip("/"), request.namespace,
+                               request.name) or {}
+            old_refs = (old.get("metadata") or {}).get("ownerReferences") or []
+        for ref in refs:
+            if not ref.get("blockOwnerDeletion") or ref in old_refs:
+                continue
+            owner = self._owner_plural(ref.get("apiVersion", ""), ref.get("kind", ""))
+            group, plural = owner or ("", str(ref.get("kind")).lower())
+            if owner is None or not self._can(user, request.namespace, group, f"{plural}/finalizers", "update"):
+                self.denied.append((user, "update", group, f"{plural}/finalizers", request.namespace))
+                return (f"cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't "
+                        f"set finalizers on: , {ref}")
+        return None
 
     def _stamp(self, request: Any) -> None:
         """uid/resourceVersion/generation/creationTimestamp, as an API server sets them."""
@@ -319,8 +443,12 @@ class ApiServer(kmock.KubernetesEmulator):
                 message=f'{res.plural} is forbidden: User "{auth}" cannot {_verb(request)} resource '
                         f'"{res.plural}" in API group "{res.group}"'
                         + (f' in the namespace "{request.namespace}"' if request.namespace else ""))
+        refused = self._block_owner_deletion_allowed(auth, request) if auth.startswith(SA_PREFIX) else None
+        if refused:
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=refused)
         self._strategic(request)
         self._stamp(request)
+        store_normalized(self, request)
         response = await super()._handle(request)
         res = request.resource
         await forget_refused_create(self, request, response)

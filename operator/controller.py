@@ -101,7 +101,8 @@ def _base_gmu(spec: ModelDeploymentSpec) -> float:
 def resolve(body: Mapping[str, Any], settings: Settings,
             st: Mapping[str, Any] | None = None) -> tuple[ModelDeploymentSpec, oom.OOMState]:
     """The spec as the operator renders it: parsed, with the OOM remediation recorded
-    in the status applied (tied to the spec's hash) and the template hash covering it."""
+    in the status applied (tied to the spec's hash) and the template hash covering it.
+    SpecError also when the server would refuse the rendered args (`check_server_args`)."""
     spec = parse_spec(body, default_image=settings.default_image)
     st = body.get("status") if st is None else st
     state = oom.from_status(st, spec.spec_hash, status.from_iso)
@@ -109,6 +110,7 @@ def resolve(body: Mapping[str, Any], settings: Settings,
         spec = dataclasses.replace(
             spec, gpu_memory_utilization_override=state.gpu_memory_utilization,
             spec_hash=spec_hash(body["spec"], {"gpuMemoryUtilization": state.gpu_memory_utilization}))
+    resources.check_server_args(spec)
     return spec, state
 
 

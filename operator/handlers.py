@@ -47,6 +47,22 @@ def _state(memo: kopf.Memo, namespace: str, name: str) -> controller.State:
     return states.setdefault((namespace, name), controller.State())
 
 
+# The children the operator watches (drift repair, the pod cache), and the selector
+# that keeps their LIST+WATCH to its own objects.
+CHILD_RESOURCES = (("v1", "pods"), ("apps/v1", "deployments"), ("v1", "services"),
+                   ("policy/v1", "poddisruptionbudgets"))
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={resources.MANAGER}"
+
+
+def watch_only_managed(settings: kopf.OperatorSettings) -> None:
+    """Filter the children's watch-streams on the API server. Why: kopf applies a
+    handler's `labels=` on the client, after it has streamed (and remembered) every
+    Pod, Deployment, Service and PDB in its namespaces, which on a shared cluster means
+    API-server load and an operator OOM; the selector here goes into the LIST+WATCH."""
+    for group_version, plural in CHILD_RESOURCES:
+        settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
                   **_: Any) -> None:
@@ -62,6 +78,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     # out of the peering) would then outlive the pod's 30 s grace and be SIGKILLed.
     # These backoffs add up to 20 s: still enough to ride out an API server restart.
     settings.networking.error_backoffs = (1, 1, 2, 3, 5, 8)
+    watch_only_managed(settings)
     if memo.get("pf_no_scanning"):
         settings.scanning.disabled = True
     if "kube" not in memo:
@@ -194,7 +211,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, namespace: str, name: str,
         raise kopf.TemporaryError(str(e), delay=60 if controller._stalling(e) else 10) from e
 
 
-@kopf.on.delete(**RESOURCE)
+# optional: owner references already make the garbage collector delete the children,
+# so this handler is no reason for a finalizer of its own. (The autoscaler daemon is:
+# kopf 1.45 puts a finalizer on every object a daemon runs for, to stop it first.)
+@kopf.on.delete(**RESOURCE, optional=True)
 async def delete(name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     state = _state(memo, namespace, name)
     async with state.lock:

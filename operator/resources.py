@@ -14,9 +14,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagefleet.operator import crd, names, serverargs
-from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec
-from pagefleet.server.config import engine_flag
+from pagefleet.operator import crd, names, quantity, serverargs
+from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec, SpecError
+from pagefleet.server.cli import build_configs
+from pagefleet.server.config import ConfigError, engine_flag
 
 PORT = 8000
 PORT_NAME = "http"
@@ -157,6 +158,23 @@ def server_args(spec: ModelDeploymentSpec) -> list[str]:
     return args
 
 
+def check_server_args(spec: ModelDeploymentSpec) -> None:
+    """SpecError when `pagefleet serve` would refuse the rendered args at startup.
+
+    Why: extraArgs pass the server's parser (serverargs.check_extra) but not its range
+    and consistency checks (`--gpu-memory-utilization 2`, `--queue-timeout 0`,
+    `--pipeline-parallel-size 2`); deployed, every pod would exit 2 and crash-loop
+    instead of the spec being reported InvalidSpec. This runs the server's own
+    argv -> validated EngineConfig/ServerConfig step (`cli.build_configs`), which loads
+    no model and touches no GPU."""
+    try:
+        build_configs(server_args(spec))
+    except (ConfigError, SystemExit) as e:
+        # SystemExit: an argparse refusal (check_extra has normally caught it already).
+        where = "spec.engine.extraArgs" if spec.extra_args else "spec.engine"
+        raise SpecError(where, f"pagefleet serve would refuse it: {e}") from None
+
+
 def termination_grace_seconds(spec: ModelDeploymentSpec) -> int:
     """preStop, then the server's effective --shutdown-timeout (a CR field or
     extraArgs), then a margin for the process to exit."""
@@ -246,10 +264,11 @@ def _volumes(spec: ModelDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
     if spec.model_cache:
-        mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path,
-                       "readOnly": spec.model_cache.read_only})
+        # readOnly only when true: the API server drops `readOnly: false` (omitempty).
+        ro = {"readOnly": True} if spec.model_cache.read_only else {}
+        mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path, **ro})
         volumes.append({"name": "model-cache", "persistentVolumeClaim": {
-            "claimName": spec.model_cache.claim_name, "readOnly": spec.model_cache.read_only}})
+            "claimName": spec.model_cache.claim_name, **ro}})
     else:
         mounts.append({"name": "model-cache", "mountPath": CACHE_PATH})
         volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": spec.resources.ephemeral_storage}})
@@ -304,10 +323,76 @@ def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
     annotations = {**spec.pod_annotations, "prometheus.io/scrape": "true",
                    "prometheus.io/port": str(PORT), "prometheus.io/path": METRICS_PATH,
                    TEMPLATE_HASH: spec.spec_hash}
-    return {
+    return stored_template({
         "metadata": {"labels": {**spec.pod_labels, **pod_labels(spec)}, "annotations": annotations},
         "spec": pod_spec,
-    }
+    })
+
+
+# Volume sources whose `readOnly` is a plain Go `bool` with omitempty (csi and azureDisk
+# have a *bool, which keeps false).
+_PLAIN_READONLY_SOURCES = ("persistentVolumeClaim", "nfs", "awsElasticBlockStore", "gcePersistentDisk",
+                           "iscsi", "rbd", "fc", "cephfs", "cinder", "flexVolume", "quobyte",
+                           "portworxVolume", "scaleIO", "storageos", "azureFile")
+
+
+def _stored_quantity(value: Any) -> Any:
+    """The canonical form; a value that is no quantity is left for the API server to refuse."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return value
+    try:
+        return quantity.canonical(value)
+    except quantity.QuantityError:
+        return value
+
+
+def _canonical_quantities(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _stored_quantity(v) for k, v in values.items()}
+
+
+def _stored_container(container: dict[str, Any]) -> None:
+    res = container.get("resources") or {}
+    for part in ("requests", "limits"):
+        if isinstance(res.get(part), Mapping):
+            res[part] = _canonical_quantities(res[part])
+    for m in container.get("volumeMounts") or []:
+        if m.get("readOnly") is False:
+            del m["readOnly"]
+    for e in container.get("env") or []:
+        if e.get("value") == "":
+            del e["value"]
+        ref = (e.get("valueFrom") or {}).get("resourceFieldRef") or {}
+        if ref.get("divisor") is not None:
+            ref["divisor"] = _stored_quantity(ref["divisor"])
+
+
+def stored_template(template: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod template as the API server stores it: `false` of a plain-bool omitempty
+    field and an empty env value dropped, quantities canonical (k8s Quantity). Why:
+    the operator compares what it applied with what it reads back, so it must render
+    (and compare) the stored form, or every comparison sees drift that never goes away
+    (for user-given volumes and env as much as for its own fields)."""
+    out = copy.deepcopy(dict(template))
+    pod = out.get("spec") or {}
+    for c in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+        _stored_container(c)
+    for v in pod.get("volumes") or []:
+        for source in _PLAIN_READONLY_SOURCES:
+            if (v.get(source) or {}).get("readOnly") is False:
+                del v[source]["readOnly"]
+        empty_dir = v.get("emptyDir") or {}
+        if empty_dir.get("sizeLimit") is not None:
+            empty_dir["sizeLimit"] = _stored_quantity(empty_dir["sizeLimit"])
+    return out
+
+
+def stored_form(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object (or its managed part) with its pod template in stored form."""
+    out = copy.deepcopy(dict(obj))
+    template = (out.get("spec") or {}).get("template")
+    if isinstance(template, Mapping):
+        out["spec"]["template"] = stored_template(template)
+    return out
 
 
 def rollout_strategy(spec: ModelDeploymentSpec, cache_access_modes: Sequence[str] | None) -> dict[str, Any]:
@@ -452,8 +537,9 @@ def is_subset(want: Any, have: Any) -> bool:
 
 def in_sync(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Does the live object still hold everything the operator wants in it? False after
-    a hand edit (a changed arg, a removed env var, a scaled Deployment)."""
-    want = _managed(desired)
+    a hand edit (a changed arg, a removed env var, a scaled Deployment). Compared in
+    the form the API server stores (`stored_form`), so its normalisation is no edit."""
+    want = stored_form(_managed(desired))
     if want["metadata"]["ownerReferences"] is None:
         del want["metadata"]["ownerReferences"]
     want["metadata"]["annotations"] = {k: v for k, v in (desired["metadata"].get("annotations") or {}).items()
@@ -469,7 +555,9 @@ def frozen_template(live: Mapping[str, Any] | None, template_hash: str) -> dict[
         return None
     applied = last_applied(live) or {}
     template = (applied.get("spec") or {}).get("template")
-    return copy.deepcopy(template) if template else None
+    # Stored form: a template applied by an operator version that rendered `readOnly:
+    # false` or typed quantities would otherwise be re-applied, and drift, forever.
+    return stored_template(template) if template else None
 
 
 def controller_uid(live: Mapping[str, Any]) -> str | None:

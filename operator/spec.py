@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagefleet.operator import coretypes, crd, names, serverargs
+from pagefleet.operator import coretypes, crd, names, quantity, serverargs
 from pagefleet.server.config import default_limits
 
 DEFAULT_IMAGE = "ghcr.io/pagefleet/pagefleet:0.1.0"
@@ -259,7 +259,12 @@ class _Reader:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, str)) or not re.match(crd.QUANTITY_PATTERN, str(v)):
             raise SpecError(self.at(key), f"must be a Kubernetes quantity such as 8 or 16Gi (got {v!r})")
-        return str(v)
+        try:
+            # Canonical, as the API server stores it (1.5Gi -> 1536Mi): rendered as typed,
+            # the live object would never match what the operator applied.
+            return quantity.canonical(v)
+        except quantity.QuantityError as e:
+            raise SpecError(self.at(key), str(e)) from None
 
     def sub(self, key: str) -> _Reader | None:
         v = self.data.get(key)

@@ -28,6 +28,8 @@ VALUE_SETS: dict[str, dict[str, str]] = {
     "ha-debug": {"operator.replicas": "2", "operator.logLevel": "debug", "image.tag": "0.1.1",
                  "serverImage.tag": "0.1.1", "serviceAccount.name": "pf-op", "peering.lifetime": "20"},
     "network-policy": {"networkPolicy.enabled": "true", "networkPolicy.namespaces": "{models,team-b}"},
+    "network-policy-monitoring": {"networkPolicy.enabled": "true", "networkPolicy.namespaces": "{models}",
+                                  **render.MONITORING_VALUES},
     "no-rbac-existing-sa": {"rbac.create": "false", "serviceAccount.create": "false",
                             "serviceAccount.name": "my-operator"},
     # The gateway: all namespaces (ClusterRole), or the one namespace of a namespaced install
@@ -103,6 +105,8 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 NAMESPACED_GRANTS = {
     ("pagefleet.dev", "modeldeployments", "get"), ("pagefleet.dev", "modeldeployments", "list"), ("pagefleet.dev", "modeldeployments", "watch"),
     ("pagefleet.dev", "modeldeployments", "patch"), ("pagefleet.dev", "modeldeployments/status", "patch"),
+    # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement, OpenShift)
+    ("pagefleet.dev", "modeldeployments/finalizers", "update"),
     *{(g, r, v) for g, r in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets"))
       for v in ("get", "list", "watch", "create", "patch", "delete")},
     ("", "pods", "list"), ("", "pods", "watch"), ("", "persistentvolumeclaims", "get"), ("", "events", "create"),
@@ -127,6 +131,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(helm_bin: str, name: str) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], f"wildcard in {key}: {rule}"
+            if rule["resources"] == ["modeldeployments/finalizers"]:
+                # The one update: what blockOwnerDeletion on the children needs
+                # (OwnerReferencesPermissionEnforcement); nothing else can be updated.
+                assert rule["verbs"] == ["update"], rule
+                continue
             assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
             assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
             if "secrets" in rule["resources"]:
@@ -509,6 +518,34 @@ def test_network_policy_lets_the_operator_scrape_the_servers(helm_bin: str) -> N
     assert to_servers["ports"] == [{"protocol": "TCP", "port": resources.PORT}]
     assert to_servers["to"][0]["podSelector"]["matchLabels"].items() <= server_labels.items()
     assert "NetworkPolicy" not in _kinds(_render(helm_bin, {}, include_crds=False)), "off by default"
+
+
+def test_network_policy_admits_prometheus_with_the_service_monitor(helm_bin: str) -> None:
+    """The scrape policy isolates the server pods; with a ServiceMonitor the policy
+    must let Prometheus in on the port the ServiceMonitor scrapes, or every server
+    looks down (PagefleetServerDown)."""
+    from pagefleet.operator import resources
+
+    objs = _kinds(_render(helm_bin, VALUE_SETS["network-policy-monitoring"], include_crds=False))
+    (monitor,) = objs["ServiceMonitor"]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [resources.PORT_NAME]
+    (policy,) = [p for p in objs["NetworkPolicy"] if p["metadata"]["name"] == "pagefleet-operator-scrape"]
+    prometheus = [r for r in policy["spec"]["ingress"]
+                  if any((p.get("podSelector") or {}).get("matchLabels") == {"app.kubernetes.io/name": "prometheus"}
+                         for p in r["from"])]
+    assert prometheus, policy["spec"]["ingress"]
+    assert prometheus[0]["ports"] == [{"protocol": "TCP", "port": resources.PORT}]
+    assert prometheus[0]["from"][0]["namespaceSelector"] == {}
+    # Narrowed to the monitoring namespace; or turned off.
+    narrowed = _kinds(_render(helm_bin, {**VALUE_SETS["network-policy-monitoring"],
+                                         "networkPolicy.prometheusFrom[0].namespaceSelector.matchLabels"
+                                         ".kubernetes\\.io/metadata\\.name": "monitoring"},
+                              include_crds=False))["NetworkPolicy"]
+    rules = next(p for p in narrowed if p["metadata"]["name"] == "pagefleet-operator-scrape")["spec"]["ingress"]
+    assert rules[-1]["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    off = _kinds(_render(helm_bin, {**VALUE_SETS["network-policy-monitoring"], "networkPolicy.allowPrometheus": "false"},
+                         include_crds=False))["NetworkPolicy"]
+    assert len(next(p for p in off if p["metadata"]["name"] == "pagefleet-operator-scrape")["spec"]["ingress"]) == 1
 
 
 # ------------------------------------------------------------------- the gateway

@@ -22,7 +22,7 @@ import aiohttp.web
 import kmock
 import yaml
 
-from e2e.emulator import forget_refused_create
+from e2e.emulator import forget_refused_create, store_normalized
 from tests.deploy.render import YAML_LOADER
 from pagefleet.operator import crd
 from pagefleet.operator.kube import KubeClient, path_for
@@ -133,9 +133,13 @@ class Cluster:
 
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator, except that a create a test's reaction refused is not kept
-    (`forget_refused_create`)."""
+    (`forget_refused_create`), and that objects are stored the way kube-apiserver
+    serializes them (`store_normalized`: omitempty false/empty fields dropped,
+    quantities canonical), so a client that expects its own spelling back fails here
+    as it would on a cluster."""
 
     async def _handle(self, request: Any) -> Any:
+        store_normalized(self, request)
         response = await super()._handle(request)
         await forget_refused_create(self, request, response)
         return response

@@ -1,7 +1,9 @@
 """The chart's namespaced RBAC mode, enforced (issue 12, finding 13): the operator runs
 as its ServiceAccount with only the Roles the chart renders for `rbac.namespaced=true`
 (no ClusterRole), against an API server that authorizes every call (e2e/emulator.py's
-ApiServer), and reconciles without a single denial."""
+ApiServer, which also enforces OwnerReferencesPermissionEnforcement: the children's
+blockOwnerDeletion needs `update` on modeldeployments/finalizers), and reconciles
+without a single denial."""
 
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ async def test_namespaced_mode_needs_no_cluster_role(rbac_cluster: Cluster, tmp_
         await rbac_cluster.wait_for(_gone(rbac_cluster), "the ModelDeployment deleted by the operator's cleanup")
     denied = [d for d in rbac_cluster.emulator.denied if d[0] == SA]  # type: ignore[attr-defined]
     assert not denied, denied
+    used = rbac_cluster.emulator.used  # type: ignore[attr-defined]
+    assert (SA, "update", crd.GROUP, f"{crd.PLURAL}/finalizers") in used, "blockOwnerDeletion was not checked"
 
 
 def _gone(cluster: Cluster) -> Any:

@@ -119,10 +119,14 @@ def test_shm_is_a_memory_empty_dir() -> None:
 def test_model_cache_pvc_mounts_where_hf_home_points() -> None:
     dep = render({"modelCache": {"claimName": "hf-cache", "mountPath": "/cache/hf"}})
     pod = dep["spec"]["template"]["spec"]
-    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache", "readOnly": False}} \
-        in pod["volumes"]
+    # readOnly false is not written: the API server drops it (omitempty), see test_drift.
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["volumes"]
     mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "model-cache")
-    assert mount["mountPath"] == "/cache/hf"
+    assert mount == {"name": "model-cache", "mountPath": "/cache/hf"}
+    ro = render({"modelCache": {"claimName": "hf-cache", "readOnly": True}})
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache", "readOnly": True}} \
+        in ro["spec"]["template"]["spec"]["volumes"]
+    assert next(m for m in container(ro)["volumeMounts"] if m["name"] == "model-cache")["readOnly"] is True
     assert env_of(dep)["HF_HOME"] == {"name": "HF_HOME", "value": "/cache/hf"}
     assert "ephemeral-storage" not in container(dep)["resources"]["requests"], "the PVC holds the weights"
     # Default mount path; without a cache, a sized emptyDir at the image's HF_HOME.

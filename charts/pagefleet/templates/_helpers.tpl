@@ -150,6 +150,12 @@ See docs/deploy.md for the reason of each rule.
 - apiGroups: ["pagefleet.dev"]
   resources: ["modeldeployments/status"]
   verbs: ["patch"]
+# resources.owner_references sets blockOwnerDeletion: with the
+# OwnerReferencesPermissionEnforcement admission plugin (on by default in OpenShift)
+# that needs update on the owner's finalizers, or every child create is refused.
+- apiGroups: ["pagefleet.dev"]
+  resources: ["modeldeployments/finalizers"]
+  verbs: ["update"]
 # controller.apply / cleanup / evaluate (scale), and the watches that repair drift.
 - apiGroups: ["apps"]
   resources: ["deployments"]
