@@ -58,3 +58,27 @@ async def test_reconcile_reports_invalid_spec_and_deploys_nothing(cluster: Clust
     stalled = next(c for c in body["status"]["conditions"] if c["type"] == "Stalled")
     assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec"
     assert "--queue-timeout" in stalled["message"]
+
+
+def test_the_check_runs_in_the_operator_image_without_torch() -> None:
+    """The operator image has no torch, numpy or tokenizers (Dockerfile): the server's
+    config check it now calls must import without them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('torch', 'triton', 'numpy', 'transformers', 'tokenizers', 'xgrammar',"
+            " 'fastapi', 'uvicorn', 'msgspec'):\n"
+            "    sys.modules[m] = None\n"
+            "from pagefleet.operator import controller, crd\n"
+            "from pagefleet.operator.spec import SpecError\n"
+            "body = {'apiVersion': crd.API_VERSION, 'kind': crd.KIND, 'metadata': {'name': 'm',"
+            " 'namespace': 'ns', 'uid': 'u', 'generation': 1}, 'spec': {'model': 'x',"
+            " 'engine': {'extraArgs': ['--queue-timeout', '0']}}}\n"
+            "try:\n"
+            "    controller.resolve(body, controller.Settings())\n"
+            "except SpecError as e:\n"
+            "    print('refused', e.field)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused spec.engine.extraArgs"
