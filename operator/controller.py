@@ -133,11 +133,12 @@ def cache_condition(spec: ModelDeploymentSpec, modes: Sequence[str] | None) -> d
     claim = spec.model_cache.claim_name
     if modes is None:
         return status.condition("CacheShared", None, "ClaimNotFound",
-                                f"PVC {claim} not found or not readable: rollouts replace pods one at a time")
+                                f"PVC {claim} not found or not readable: rollouts do not surge (maxSurge 0) "
+                                "unless spec.rollout says so")
     if set(modes) <= resources.SINGLE_NODE_MODES:
         return status.condition("CacheShared", False, "SingleNodeAccessMode",
                                 f"PVC {claim} is {', '.join(modes)}: every replica must run on the node "
-                                "that mounts it and rollouts replace pods one at a time (maxSurge 0); "
+                                "that mounts it and rollouts do not surge (maxSurge 0); "
                                 "use ReadWriteMany or ReadOnlyMany to spread replicas")
     return status.condition("CacheShared", True, "MultiNodeAccessMode", f"PVC {claim} is {', '.join(modes)}")
 
@@ -239,9 +240,14 @@ async def reconcile(kube: KubeClient, body: Mapping[str, Any], state: State, set
         live_replicas = None if live is None else (live.get("spec") or {}).get("replicas")
         replicas = resources.initial_replicas(spec, live_replicas)
         modes = await cache_access_modes(kube, spec)
+        try:
+            objs = children(spec, replicas, modes, live)
+        except SpecError as err:  # spec.rollout that cannot work with the cache PVC
+            await report_failure(kube, body, state, settings, status.Failure("InvalidSpec", str(err), True), live)
+            return
         deployment = live
         try:
-            for obj in children(spec, replicas, modes, live):
+            for obj in objs:
                 applied = await apply(kube, obj, spec.uid)
                 if obj["kind"] == "Deployment":
                     deployment = applied

@@ -78,6 +78,28 @@ GIE_VERSION = "v1"
 GIE_API_VERSION = f"{GIE_GROUP}/{GIE_VERSION}"
 GIE_KIND = "InferencePool"
 GIE_PLURAL = "inferencepools"
+# spec.rollout: Kubernetes IntOrString, as a Deployment's rollingUpdate takes it. A
+# percentage is a string `N%` (no leading zeros, so 0 and "0%" are the only zeros);
+# maxUnavailable cannot exceed 100% (Kubernetes refuses it).
+SURGE_PERCENT_PATTERN = r"^(0|[1-9][0-9]*)%$"
+UNAVAILABLE_PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
+ZERO_VALUES = (0, "0%")
+# Both 0: no pod could ever be replaced (the Deployment API refuses it too). The CEL
+# compares the string forms, since an IntOrString is CEL `dyn` (int or string).
+ROLLOUT_RULE = ("!has(self.maxSurge) || !has(self.maxUnavailable) || "
+                "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])")
+# spec.startupTimeoutSeconds: how long a pod may take from start to its first healthy
+# /health (download + load). At least 60 s: less is below what even a small model
+# needs to load, and would only crash-loop it. At most 4 h: a 405B checkpoint in
+# bf16 (~810 GB) downloads in ~3.6 h at 500 Mbit/s; slower than that, pre-load a
+# modelCache. Past it a hung download should be restarted, and the Deployment's
+# progressDeadlineSeconds (derived from it) should still report a stuck rollout
+# within the same day. No schema `default`: the API server would write it into every
+# existing ModelDeployment, changing its template hash and rolling every fleet on the
+# CRD upgrade; spec.py applies DEFAULT_STARTUP_TIMEOUT_S instead.
+MIN_STARTUP_TIMEOUT_S = 60
+MAX_STARTUP_TIMEOUT_S = 4 * 3600
+DEFAULT_STARTUP_TIMEOUT_S = 30 * 60
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -127,6 +149,38 @@ def _bool(description: str, default: bool | None = None) -> dict[str, Any]:
 def _quantity(description: str) -> dict[str, Any]:
     return {"description": description, "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
+
+
+def _int_or_percent(description: str, percent_pattern: str) -> dict[str, Any]:
+    """A Kubernetes IntOrString: an integer >= 0 or a percentage string."""
+    return {"description": description, "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True, "minimum": 0, "pattern": percent_pattern}
+
+
+def rollout_schema() -> dict[str, Any]:
+    """spec.rollout: the Deployment's rollingUpdate. No defaults in the schema: the
+    operator's defaults depend on the model cache PVC's access modes (resources.py)."""
+    return {
+        "type": "object",
+        "description": "How a spec change rolls the pods (the Deployment's rollingUpdate). Unset: "
+                       "maxSurge 1, maxUnavailable 0 (a new pod loads its model before an old one "
+                       "goes), or maxSurge 0, maxUnavailable 1 when the modelCache PVC can be "
+                       "mounted on one node only. Changing it rolls no pod.",
+        "properties": {
+            "maxSurge": _int_or_percent(
+                "Pods above the replica count during a rollout: an integer or a percentage "
+                "(rounded up). Default 1, or 0 with a single-node (ReadWriteOnce) modelCache, "
+                "which refuses any other value. 0 lets a rollout proceed on a full GPU pool.",
+                SURGE_PERCENT_PATTERN),
+            "maxUnavailable": _int_or_percent(
+                "Pods below the replica count during a rollout: an integer or a percentage up "
+                "to 100% (rounded down). Default 0, or 1 where maxSurge is 0.",
+                UNAVAILABLE_PERCENT_PATTERN),
+        },
+        # No fieldPath/reason: Kubernetes 1.27 (the oldest the chart supports) lacks them.
+        "x-kubernetes-validations": [{"rule": ROLLOUT_RULE,
+                                      "message": "maxSurge and maxUnavailable must not both be 0"}],
+    }
 
 
 def _string_map(description: str) -> dict[str, Any]:
@@ -301,6 +355,17 @@ def spec_schema() -> dict[str, Any]:
             "replicas": _int(0, 1, "Replicas when autoscaling is off (the scale subresource "
                              "writes this)."),
             "autoscaling": autoscaling_schema(),
+            "rollout": rollout_schema(),
+            "startupTimeoutSeconds": _int(
+                MIN_STARTUP_TIMEOUT_S, description=(
+                    "Seconds a pod may take from container start (after the image pull) to "
+                    "serving: weights download, load, warm-up. Past it the pod is restarted: "
+                    "this is the startup probe's "
+                    f"budget, rounded up to its 10 s period. Default {DEFAULT_STARTUP_TIMEOUT_S} "
+                    f"(30 minutes), {MIN_STARTUP_TIMEOUT_S} to {MAX_STARTUP_TIMEOUT_S} (4 hours). The "
+                    "Deployment's progressDeadlineSeconds is this budget plus 10 minutes. "
+                    "Changing it rolls the pods (the probe is part of the pod template)."),
+                maximum=MAX_STARTUP_TIMEOUT_S),
             "gateway": gateway_schema(),
             "resources": {
                 "type": "object",
@@ -326,7 +391,8 @@ def spec_schema() -> dict[str, Any]:
                 "type": "object",
                 "description": "PersistentVolumeClaim mounted where HF_HOME points, so restarts and "
                                "new replicas skip the download. A ReadWriteOnce claim makes "
-                               "rollouts replace pods one at a time (maxSurge 0).",
+                               "rollouts replace pods without a surge pod (maxSurge 0), one at a "
+                               "time unless rollout.maxUnavailable says more.",
                 "required": ["claimName"],
                 "properties": {
                     "claimName": _str("Name of the PersistentVolumeClaim (same namespace).", minLength=1),

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pagefleet.operator import crd, names, quantity, serverargs
-from pagefleet.operator.spec import CACHE_PATH, ModelDeploymentSpec, SpecError
+from pagefleet.operator.spec import CACHE_PATH, IntOrPercent, ModelDeploymentSpec, SpecError, is_zero
 from pagefleet.server.cli import build_configs
 from pagefleet.server.config import ConfigError, engine_flag
 
@@ -40,9 +40,10 @@ MANAGER = "pagefleet-operator"
 SERVER_UID = 10001                     # the server image's user (Dockerfile)
 
 # Model loads (download + weights to GPU + CUDA graph capture) take minutes; the
-# startup probe gives them 30 minutes before liveness may restart the pod.
+# startup probe gives them spec.startupTimeoutSeconds (default 30 minutes) before
+# liveness may restart the pod: failureThreshold = that budget / this period.
 STARTUP_PERIOD_S = 10
-STARTUP_FAILURES = 180
+STARTUP_TIMEOUT_S = 5
 # Liveness is lenient: /health can be slow under heavy load, and a restart throws
 # away every in-flight request (seed report 000). The queue metric, not liveness,
 # is the capacity signal.
@@ -57,8 +58,9 @@ READINESS_FAILURES = 3
 # in-flight requests for its --shutdown-timeout.
 PRESTOP_SLEEP_S = 10
 GRACE_MARGIN_S = 5
-# A rollout may legitimately wait for the whole startup budget.
-PROGRESS_DEADLINE_S = STARTUP_PERIOD_S * STARTUP_FAILURES + 600
+# A rollout may legitimately wait for the whole startup budget, plus this for
+# scheduling and the image pull (progressDeadlineSeconds = budget + margin).
+PROGRESS_MARGIN_S = 600
 GPU_RESOURCE = "nvidia.com/gpu"
 TMP_SIZE = "4Gi"                       # /tmp: Triton, CUDA and torch compile caches (HOME=/tmp)
 SINGLE_NODE_MODES = {"ReadWriteOnce", "ReadWriteOncePod"}
@@ -187,6 +189,20 @@ def _probe(period: int, timeout: int, failures: int) -> dict[str, Any]:
             "timeoutSeconds": timeout, "failureThreshold": failures, "successThreshold": 1}
 
 
+def startup_failures(spec: ModelDeploymentSpec) -> int:
+    """The startup probe's failureThreshold: spec.startupTimeoutSeconds in probe
+    periods, rounded up, so the pod gets at least the budget it asked for."""
+    return math.ceil(spec.startup_timeout_seconds / STARTUP_PERIOD_S)
+
+
+def progress_deadline_seconds(spec: ModelDeploymentSpec) -> int:
+    """The Deployment's progressDeadlineSeconds: the startup probe's whole budget plus
+    a margin. Why derived: a rollout waits for a new pod to load its model; a deadline
+    below the startup budget would report a slow but healthy load as Stalled
+    (ProgressDeadlineExceeded)."""
+    return STARTUP_PERIOD_S * startup_failures(spec) + PROGRESS_MARGIN_S
+
+
 def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -286,7 +302,7 @@ def pod_template(spec: ModelDeploymentSpec) -> dict[str, Any]:
         "env": _env(spec),
         "resources": _resources(spec),
         "volumeMounts": mounts,
-        "startupProbe": _probe(STARTUP_PERIOD_S, 5, STARTUP_FAILURES),
+        "startupProbe": _probe(STARTUP_PERIOD_S, STARTUP_TIMEOUT_S, startup_failures(spec)),
         "readinessProbe": _probe(READINESS_PERIOD_S, READINESS_TIMEOUT_S, READINESS_FAILURES),
         "livenessProbe": _probe(LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S, LIVENESS_FAILURES),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
@@ -395,15 +411,53 @@ def stored_form(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def single_node_cache(spec: ModelDeploymentSpec, cache_access_modes: Sequence[str] | None) -> bool:
+    """Is the model cache a PVC that only one node can mount (ReadWriteOnce,
+    ReadWriteOncePod)? False without a modelCache or when the modes are unknown."""
+    return (spec.model_cache is not None and cache_access_modes is not None
+            and set(cache_access_modes) <= SINGLE_NODE_MODES)
+
+
 def rollout_strategy(spec: ModelDeploymentSpec, cache_access_modes: Sequence[str] | None) -> dict[str, Any]:
-    """Never drop below the serving capacity during a rollout (a new pod must be ready,
-    model loaded, before an old one goes): maxSurge 1, maxUnavailable 0. Except when
-    the model cache can only be mounted on one node (ReadWriteOnce, or access modes
-    unknown): a surge pod elsewhere could never start, so replace one at a time."""
-    if spec.model_cache is not None and (cache_access_modes is None
-                                         or set(cache_access_modes) <= SINGLE_NODE_MODES):
-        return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    """The Deployment's RollingUpdate strategy.
+
+    Default: never drop below the serving capacity during a rollout (a new pod must be
+    ready, model loaded, before an old one goes): maxSurge 1, maxUnavailable 0. Except
+    when the model cache may only be mountable on one node (ReadWriteOnce, or access
+    modes unknown): a surge pod elsewhere could never start, so maxSurge 0,
+    maxUnavailable 1 (replace one at a time).
+
+    spec.rollout overrides either field (a full GPU pool cannot hold a surge pod, so
+    its users set maxSurge 0 and maxUnavailable >= 1). An unset maxSurge is the default
+    above, or 1 where maxUnavailable is set to 0 (the only value that can roll with
+    it); an unset maxUnavailable is 0, or 1 where maxSurge is 0. With a cache PVC known
+    to be single-node, a rollout that would surge (maxSurge other than 0, or
+    maxUnavailable 0) can never finish: SpecError (InvalidSpec) instead of a
+    Deployment that stalls. With unknown modes the user's explicit values are taken as
+    given: a PVC that cannot be read (yet, or for a moment) is no proof either way."""
+    r = spec.rollout
+    may_be_single = spec.model_cache is not None and (cache_access_modes is None
+                                                      or set(cache_access_modes) <= SINGLE_NODE_MODES)
+    if single_node_cache(spec, cache_access_modes):
+        assert spec.model_cache is not None
+        why = (f"the modelCache PVC {spec.model_cache.claim_name} is "
+               f"{', '.join(cache_access_modes or ())}: a surge pod on another node could never mount "
+               "it, so rollouts here cannot surge")
+        if r.max_surge is not None and not is_zero(r.max_surge):
+            raise SpecError("spec.rollout.maxSurge", f"must be 0 ({why}; raise maxUnavailable "
+                            "instead, or use a ReadWriteMany or ReadOnlyMany claim)")
+        if is_zero(r.max_unavailable):
+            raise SpecError("spec.rollout.maxUnavailable", f"must be at least 1 ({why}, so an old pod "
+                            "must go before its replacement starts)")
+    if r.max_surge is not None:
+        surge: IntOrPercent = r.max_surge
+    elif is_zero(r.max_unavailable):
+        surge = 1
+    else:
+        surge = 0 if may_be_single else 1
+    unavailable: IntOrPercent = (r.max_unavailable if r.max_unavailable is not None
+                                 else 1 if is_zero(surge) else 0)
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": unavailable, "maxSurge": surge}}
 
 
 def deployment(spec: ModelDeploymentSpec, replicas: int,
@@ -421,7 +475,7 @@ def deployment(spec: ModelDeploymentSpec, replicas: int,
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(spec.child_name)},
             "strategy": rollout_strategy(spec, cache_access_modes),
-            "progressDeadlineSeconds": PROGRESS_DEADLINE_S,
+            "progressDeadlineSeconds": progress_deadline_seconds(spec),
             "revisionHistoryLimit": 5,
             "template": pod_template(spec),
         },

@@ -91,6 +91,23 @@ class DisruptionSpec:
     evict_last_replica: bool = False
 
 
+IntOrPercent = int | str        # Kubernetes IntOrString: 2 or "25%"
+
+
+def is_zero(value: IntOrPercent | None) -> bool:
+    """0 or "0%" (the only zero spellings crd.py's patterns let through)."""
+    return value is not None and value in crd.ZERO_VALUES
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """spec.rollout, as given: None is "unset", resolved by resources.rollout_strategy
+    (its default depends on the model cache PVC, which only the controller reads)."""
+
+    max_surge: IntOrPercent | None = None
+    max_unavailable: IntOrPercent | None = None
+
+
 @dataclass(frozen=True)
 class EndpointPickerSpec:
     name: str
@@ -159,6 +176,8 @@ class ModelDeploymentSpec:
     disruption: DisruptionSpec = DisruptionSpec()
     oom: OOMSpec = OOMSpec()
     gateway: GatewaySpec = GatewaySpec()
+    rollout: RolloutSpec = RolloutSpec()
+    startup_timeout_seconds: int = crd.DEFAULT_STARTUP_TIMEOUT_S
     spec_hash: str = ""              # hash of what the pod template is rendered from
     gpu_memory_utilization_override: float | None = None   # OOM remediation's, rendered last
 
@@ -265,6 +284,20 @@ class _Reader:
             return quantity.canonical(v)
         except quantity.QuantityError as e:
             raise SpecError(self.at(key), str(e)) from None
+
+    def int_or_percent(self, key: str, percent_pattern: str) -> IntOrPercent | None:
+        """A Kubernetes IntOrString: an integer >= 0 or a percentage string `N%`."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 0:
+                raise SpecError(self.at(key), f"must be >= 0 (got {v})")
+            return v
+        if isinstance(v, str) and re.fullmatch(percent_pattern, v):  # "5%\n" too is no percentage
+            return v
+        raise SpecError(self.at(key), f"must be an integer >= 0 or a percentage matching "
+                        f"{percent_pattern} (got {v!r})")
 
     def sub(self, key: str) -> _Reader | None:
         v = self.data.get(key)
@@ -419,6 +452,17 @@ def _oom(r: _Reader | None) -> OOMSpec:
     return spec
 
 
+def _rollout(r: _Reader | None) -> RolloutSpec:
+    if r is None:
+        return RolloutSpec()
+    spec = RolloutSpec(max_surge=r.int_or_percent("maxSurge", crd.SURGE_PERCENT_PATTERN),
+                       max_unavailable=r.int_or_percent("maxUnavailable", crd.UNAVAILABLE_PERCENT_PATTERN))
+    if is_zero(spec.max_surge) and is_zero(spec.max_unavailable):  # the CRD's crd.ROLLOUT_RULE
+        raise SpecError(r.path, "maxSurge and maxUnavailable must not both be 0: no pod could "
+                        "ever be replaced")
+    return spec
+
+
 # Pod parts the operator owns: user volumes, mounts and labels may not collide with them.
 RESERVED_VOLUMES = ("dshm", "model-cache", "tmp")
 
@@ -440,14 +484,17 @@ def _check_volumes(r: _Reader, volumes: list[dict[str, Any]], mounts: list[dict[
 
 
 # Spec fields that do not shape the pod template (a change of them rolls no pod).
-NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation", "gateway")
+# `rollout` lives in the Deployment's spec.strategy: a change of it is applied to the
+# Deployment (resources.deployment renders it afresh) while the template, and so the
+# pods, stay as they are.
+NOT_IN_TEMPLATE = ("replicas", "autoscaling", "disruption", "oomRemediation", "gateway", "rollout")
 
 
 def spec_hash(spec_raw: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
     """Hash of what the pod template is rendered from: the spec without the fields
-    that do not shape it (replicas, autoscaling, disruption, OOM policy, gateway), plus
-    operator-side inputs such as
-    the OOM-lowered gpuMemoryUtilization. Equal hash: the template stays as it is."""
+    that do not shape it (replicas, autoscaling, disruption, OOM policy, gateway,
+    rollout strategy), plus operator-side inputs such as the OOM-lowered
+    gpuMemoryUtilization. Equal hash: the template stays as it is."""
     data = {k: v for k, v in spec_raw.items() if k not in NOT_IN_TEMPLATE}
     blob = json.dumps({"spec": data, "extra": dict(extra or {})}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -538,5 +585,9 @@ def parse_spec(body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -
             evict_last_replica=bool(disruption.boolean("evictLastReplica"))) if disruption else DisruptionSpec(),
         oom=_oom(r.sub("oomRemediation")),
         gateway=_gateway(r.sub("gateway")),
+        rollout=_rollout(r.sub("rollout")),
+        startup_timeout_seconds=_or(r.integer("startupTimeoutSeconds", minimum=crd.MIN_STARTUP_TIMEOUT_S,
+                                              maximum=crd.MAX_STARTUP_TIMEOUT_S),
+                                    crd.DEFAULT_STARTUP_TIMEOUT_S),
         spec_hash=spec_hash(spec_raw),
     )

@@ -17,7 +17,7 @@ wait --for=condition=Available mdep/x` works:
 - OOMRemediation: True while the operator runs the pods with a lowered
   gpuMemoryUtilization after repeated OOMs.
 - CacheShared: only with a modelCache: False when its PVC can be mounted on one node
-  only (every replica must then run there; rollouts replace pods one at a time).
+  only (every replica must then run there; rollouts never surge: maxSurge 0).
 - Active: only with minReplicas 0: True while the model serves, False once it is
   scaled to zero, Unknown when the gateway's counts cannot be read.
 - InferencePool: only with gateway.inferencePool: whether its InferencePool exists.

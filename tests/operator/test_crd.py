@@ -71,12 +71,28 @@ def cel_rules(schema: dict[str, Any], path: str = "spec") -> list[tuple[str, dic
 _CMP = {"<=": op.le, "<": op.lt, ">=": op.ge, ">": op.gt, "==": op.eq, "!=": op.ne}
 
 
+def _cel_string(value: Any) -> str:
+    """CEL's string() of an int or a string (an IntOrString is CEL `dyn`)."""
+    assert isinstance(value, (int, str)) and not isinstance(value, bool), value
+    return str(value)
+
+
 def eval_cel(rule: str, obj: dict[str, Any]) -> bool:
-    """The subset of CEL our rules use: `self.a <op> self.b`. Anything else fails
-    the test, so a new rule cannot go unchecked."""
+    """The subset of CEL our rules use: `self.a <op> self.b`, and "not both of two
+    optional fields in a set of values" (`!has(self.a) || !has(self.b) ||
+    !(string(self.a) in [...] && string(self.b) in [...])`). Anything else fails the
+    test, so a new rule cannot go unchecked."""
     m = re.fullmatch(r"self\.(\w+) (<=|<|>=|>|==|!=) self\.(\w+)", rule)
+    if m:
+        return _CMP[m.group(2)](obj[m.group(1)], obj[m.group(3)])
+    m = re.fullmatch(r"!has\(self\.(\w+)\) \|\| !has\(self\.(\w+)\) \|\| "
+                     r"!\(string\(self\.\1\) in \[([^]]*)\] && string\(self\.\2\) in \[([^]]*)\]\)", rule)
     assert m, f"eval_cel does not understand {rule!r}; extend it"
-    return _CMP[m.group(2)](obj[m.group(1)], obj[m.group(3)])
+    a, b = m.group(1), m.group(2)
+    if a not in obj or b not in obj:
+        return True
+    values_a, values_b = (set(re.findall(r"'([^']*)'", m.group(i))) for i in (3, 4))
+    return not (_cel_string(obj[a]) in values_a and _cel_string(obj[b]) in values_b)
 
 
 def schema_errors(doc: dict[str, Any]) -> list[str]:
@@ -99,8 +115,10 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
 
 
 def test_cel_rule_logic() -> None:
-    (path, rule), = cel_rules(SCHEMA["properties"]["spec"])
-    assert path == "spec.autoscaling" and rule["rule"] == crd.MIN_MAX_RULE
+    rules = dict(cel_rules(SCHEMA["properties"]["spec"]))
+    assert set(rules) == {"spec.autoscaling", "spec.rollout"}
+    rule = rules["spec.autoscaling"]
+    assert rule["rule"] == crd.MIN_MAX_RULE
     assert eval_cel(rule["rule"], {"minReplicas": 1, "maxReplicas": 4})
     assert eval_cel(rule["rule"], {"minReplicas": 3, "maxReplicas": 3})
     assert not eval_cel(rule["rule"], {"minReplicas": 5, "maxReplicas": 4})
@@ -109,6 +127,49 @@ def test_cel_rule_logic() -> None:
         "spec.autoscaling"]
     # No fieldPath/reason: Kubernetes 1.27's CRD schema has neither (strict validation fails).
     assert set(rule) == {"rule", "message"}
+
+
+@pytest.mark.parametrize("rollout,ok", [
+    ({"maxSurge": 0, "maxUnavailable": 0}, False),
+    ({"maxSurge": "0%", "maxUnavailable": 0}, False),
+    ({"maxSurge": 0, "maxUnavailable": "0%"}, False),
+    ({"maxSurge": "0%", "maxUnavailable": "0%"}, False),
+    ({"maxSurge": 0, "maxUnavailable": 1}, True),
+    ({"maxSurge": 0, "maxUnavailable": "10%"}, True),
+    ({"maxSurge": "10%", "maxUnavailable": 0}, True),
+    ({"maxSurge": 0}, True),                      # the unset one takes a non-zero default
+    ({"maxUnavailable": 0}, True),
+    ({}, True),
+])
+def test_rollout_cel_rule_refuses_both_zero(rollout: dict[str, Any], ok: bool) -> None:
+    """Kubernetes refuses a Deployment with maxSurge and maxUnavailable both 0 (no pod
+    could ever be replaced); the CRD refuses it at `kubectl apply`, as parse_spec does."""
+    rule = dict(cel_rules(SCHEMA["properties"]["spec"]))["spec.rollout"]
+    assert (rule["rule"], set(rule)) == (crd.ROLLOUT_RULE, {"rule", "message"})
+    assert eval_cel(rule["rule"], rollout) is ok
+    assert schema_errors({"spec": {"model": "m", "rollout": rollout}}) == ([] if ok else ["spec.rollout"])
+    if ok:
+        parse_spec({"metadata": {"name": "m"}, "spec": {"model": "m", "rollout": rollout}})
+    else:
+        with pytest.raises(SpecError):
+            parse_spec({"metadata": {"name": "m"}, "spec": {"model": "m", "rollout": rollout}})
+
+
+@pytest.mark.parametrize("spec", [
+    {"rollout": {"maxSurge": "150%", "maxUnavailable": "100%"}},
+    {"rollout": {"maxSurge": 3, "maxUnavailable": "0%"}},
+    {"startupTimeoutSeconds": 60},
+    {"startupTimeoutSeconds": 14400},
+])
+def test_schema_and_operator_accept_the_same_rollout_and_startup_values(spec: dict[str, Any]) -> None:
+    doc = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "m"},
+           "spec": {"model": "m", **spec}}
+    assert schema_errors(doc) == []
+    parsed = parse_spec(doc)
+    rollout = spec.get("rollout", {})
+    assert (parsed.rollout.max_surge, parsed.rollout.max_unavailable) == (
+        rollout.get("maxSurge"), rollout.get("maxUnavailable"))
+    assert parsed.startup_timeout_seconds == spec.get("startupTimeoutSeconds", crd.DEFAULT_STARTUP_TIMEOUT_S)
 
 
 def model_deployments(path: Path) -> list[dict[str, Any]]:
@@ -181,6 +242,16 @@ INVALID = [
      "spec.gateway.inferencePool.endpointPicker.failureMode"),
     ({"gateway": {"inferencePool": {"endpointPicker": {"name": "e", "port": 70000}}}},
      "spec.gateway.inferencePool.endpointPicker.port"),
+    ({"rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "spec.rollout"),
+    ({"rollout": {"maxSurge": -1}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxSurge": "1"}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxSurge": "01%"}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxSurge": 1.5}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxUnavailable": "101%"}}, "spec.rollout.maxUnavailable"),
+    ({"rollout": {"maxUnavailable": -2}}, "spec.rollout.maxUnavailable"),
+    ({"startupTimeoutSeconds": 59}, "spec.startupTimeoutSeconds"),
+    ({"startupTimeoutSeconds": 14401}, "spec.startupTimeoutSeconds"),
+    ({"startupTimeoutSeconds": "30m"}, "spec.startupTimeoutSeconds"),
 ]
 
 

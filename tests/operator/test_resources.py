@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pagefleet.operator import resources
-from pagefleet.operator.spec import parse_spec
+from pagefleet.operator.spec import SpecError, parse_spec
 from pagefleet.server.cli import build_configs
 from pagefleet.server.config import ServerConfig
 
@@ -182,6 +182,24 @@ def test_rollout_never_reduces_capacity() -> None:
     spec = render({})["spec"]
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     assert spec["progressDeadlineSeconds"] >= 30 * 60
+
+
+@pytest.mark.parametrize("startup,failures,deadline", [
+    (None, 180, 1800 + 600),          # unset: 30 minutes, as before the field existed
+    (60, 6, 60 + 600),
+    (7200, 720, 7200 + 600),          # a cold 70B+ download on a slow link
+    (14400, 1440, 14400 + 600),
+    (125, 13, 130 + 600),             # rounded up to the probe period: never less than asked
+])
+def test_startup_timeout_sizes_the_startup_probe_and_the_progress_deadline(
+        startup: int | None, failures: int, deadline: int) -> None:
+    dep = render({} if startup is None else {"startupTimeoutSeconds": startup})
+    probe = container(dep)["startupProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, failures)
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= (startup or 1800)
+    # A rollout waits for a new pod's whole startup budget: the deadline must cover it,
+    # or a slow but healthy load is reported Stalled (ProgressDeadlineExceeded).
+    assert dep["spec"]["progressDeadlineSeconds"] == deadline
 
 
 def test_labels_selectors_and_ports_line_up() -> None:
@@ -375,6 +393,83 @@ def test_pod_knobs() -> None:
 def test_rollout_strategy_follows_the_cache_access_mode(modes: list[str] | None, strategy: dict[str, int]) -> None:
     s = parse_spec(cr({"modelCache": {"claimName": "c"}}))
     assert resources.deployment(s, 2, modes)["spec"]["strategy"]["rollingUpdate"] == strategy
+
+
+RWX, RWO, UNKNOWN = ["ReadWriteMany"], ["ReadWriteOnce"], None
+
+
+@pytest.mark.parametrize("rollout,cache,modes,expected", [
+    # No model cache PVC: the user's values; an unset one takes its default.
+    ({"maxSurge": 0, "maxUnavailable": 1}, False, RWX, {"maxSurge": 0, "maxUnavailable": 1}),
+    ({"maxSurge": "25%", "maxUnavailable": "50%"}, False, RWX, {"maxSurge": "25%", "maxUnavailable": "50%"}),
+    ({"maxSurge": 0}, False, RWX, {"maxSurge": 0, "maxUnavailable": 1}),       # 0/0 would never roll
+    ({"maxSurge": "0%"}, False, RWX, {"maxSurge": "0%", "maxUnavailable": 1}),
+    ({"maxSurge": 2}, False, RWX, {"maxSurge": 2, "maxUnavailable": 0}),
+    ({"maxUnavailable": 1}, False, RWX, {"maxSurge": 1, "maxUnavailable": 1}),
+    ({"maxUnavailable": 0}, False, RWX, {"maxSurge": 1, "maxUnavailable": 0}),
+    # A cache PVC several nodes mount: the same as without one.
+    ({"maxSurge": "50%"}, True, RWX, {"maxSurge": "50%", "maxUnavailable": 0}),
+    ({"maxUnavailable": 2}, True, RWX, {"maxSurge": 1, "maxUnavailable": 2}),
+    # Single-node PVC: never a surge; maxUnavailable may go higher than 1.
+    ({"maxUnavailable": 2}, True, RWO, {"maxSurge": 0, "maxUnavailable": 2}),
+    ({"maxUnavailable": "50%"}, True, ["ReadWriteOncePod"], {"maxSurge": 0, "maxUnavailable": "50%"}),
+    ({"maxSurge": 0, "maxUnavailable": 3}, True, RWO, {"maxSurge": 0, "maxUnavailable": 3}),
+    ({"maxSurge": "0%"}, True, RWO, {"maxSurge": "0%", "maxUnavailable": 1}),
+    # PVC unreadable: unset values keep the safe default, set ones are taken as given.
+    ({}, True, UNKNOWN, {"maxSurge": 0, "maxUnavailable": 1}),
+    ({"maxUnavailable": 2}, True, UNKNOWN, {"maxSurge": 0, "maxUnavailable": 2}),
+    ({"maxSurge": 1}, True, UNKNOWN, {"maxSurge": 1, "maxUnavailable": 0}),
+    ({"maxUnavailable": 0}, True, UNKNOWN, {"maxSurge": 1, "maxUnavailable": 0}),
+])
+def test_spec_rollout_sets_the_strategy(rollout: dict[str, Any], cache: bool, modes: list[str] | None,
+                                        expected: dict[str, Any]) -> None:
+    s = parse_spec(cr({"rollout": rollout, **({"modelCache": {"claimName": "c"}} if cache else {})}))
+    strategy = resources.deployment(s, 4, modes)["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {
+        "maxUnavailable": expected["maxUnavailable"], "maxSurge": expected["maxSurge"]}}
+
+
+@pytest.mark.parametrize("rollout,modes,field,words", [
+    ({"maxSurge": 1}, ["ReadWriteOnce"], "spec.rollout.maxSurge", "must be 0"),
+    ({"maxSurge": "10%", "maxUnavailable": 1}, ["ReadWriteOncePod"], "spec.rollout.maxSurge", "must be 0"),
+    ({"maxUnavailable": 0}, ["ReadWriteOnce"], "spec.rollout.maxUnavailable", "must be at least 1"),
+    ({"maxUnavailable": "0%"}, ["ReadWriteOnce"], "spec.rollout.maxUnavailable", "must be at least 1"),
+])
+def test_a_surge_with_a_single_node_cache_is_refused(rollout: dict[str, Any], modes: list[str],
+                                                     field: str, words: str) -> None:
+    """A surge pod on another node can never mount a ReadWriteOnce PVC, so such a
+    rollout would stall for good: the spec is refused (InvalidSpec) instead, naming the
+    claim and what to do."""
+    s = parse_spec(cr({"rollout": rollout, "modelCache": {"claimName": "weights"}}))
+    with pytest.raises(SpecError) as e:
+        resources.deployment(s, 2, modes)
+    assert e.value.field == field and words in e.value.rule
+    assert "PVC weights is " + modes[0] in e.value.rule and "cannot surge" in e.value.rule
+
+
+def test_a_strategy_change_keeps_the_template_and_its_hash() -> None:
+    """Changing spec.rollout changes the Deployment's strategy and nothing else: same
+    template hash, same pod template, so Kubernetes starts no rollout (no pod restarts)
+    and the operator's frozen template still applies."""
+    before = parse_spec(cr({"replicas": 3}))
+    after = parse_spec(cr({"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": "34%"}}))
+    old, new = resources.deployment(before, 3), resources.deployment(after, 3)
+    assert after.spec_hash == before.spec_hash
+    hashes = (new["metadata"]["annotations"][resources.TEMPLATE_HASH],
+              old["metadata"]["annotations"][resources.TEMPLATE_HASH])
+    assert hashes[0] == hashes[1]
+    assert new["spec"]["template"] == old["spec"]["template"]
+    assert new["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": "34%", "maxSurge": 0}
+    assert {k: v for k, v in new["spec"].items() if k != "strategy"} == {
+        k: v for k, v in old["spec"].items() if k != "strategy"}
+    # The live Deployment no longer holds what is wanted: the operator patches it, and
+    # the patch leaves the template as it was applied.
+    live = resources.with_last_applied(old)
+    assert not resources.in_sync(live, new)
+    patch = resources.apply_patch(live, new)
+    assert patch["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": "34%", "maxSurge": 0}
+    assert patch["spec"]["template"] == old["spec"]["template"]
+    assert resources.frozen_template(live, after.spec_hash) == old["spec"]["template"]
 
 
 @pytest.mark.parametrize("spec,replicas,budget", [

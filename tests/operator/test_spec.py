@@ -154,3 +154,53 @@ def test_spec_hash_ignores_what_only_sizes_the_fleet() -> None:
     base = parse_spec(cr({"model": "m", "replicas": 1})).spec_hash
     assert parse_spec(cr({"model": "m", "replicas": 5, "autoscaling": {"enabled": True}})).spec_hash == base
     assert parse_spec(cr({"model": "m", "engine": {"maxModelLen": 8}})).spec_hash != base
+
+
+@pytest.mark.parametrize("rollout,surge,unavailable", [
+    ({}, None, None),                                          # unset: resources.py decides
+    ({"maxSurge": 0, "maxUnavailable": 1}, 0, 1),              # a full GPU pool
+    ({"maxSurge": "25%", "maxUnavailable": "100%"}, "25%", "100%"),
+    ({"maxSurge": "150%"}, "150%", None),                      # a surge may exceed 100%
+    ({"maxUnavailable": 0}, None, 0),                          # one zero is fine
+    ({"maxSurge": "0%", "maxUnavailable": 2}, "0%", 2),
+])
+def test_rollout_is_kept_as_kubernetes_int_or_string(rollout: dict[str, Any], surge: Any, unavailable: Any) -> None:
+    r = parse_spec(cr({"model": "m", "rollout": rollout})).rollout
+    assert (r.max_surge, r.max_unavailable) == (surge, unavailable)
+
+
+@pytest.mark.parametrize("rollout,field,rule", [
+    ({"maxSurge": 0, "maxUnavailable": 0}, "spec.rollout", "must not both be 0"),
+    ({"maxSurge": "0%", "maxUnavailable": 0}, "spec.rollout", "must not both be 0"),
+    ({"maxSurge": 0, "maxUnavailable": "0%"}, "spec.rollout", "must not both be 0"),
+    ({"maxSurge": -1}, "spec.rollout.maxSurge", "must be >= 0"),
+    ({"maxSurge": "1"}, "spec.rollout.maxSurge", "percentage"),      # a string must be a percentage
+    ({"maxSurge": "01%"}, "spec.rollout.maxSurge", "percentage"),
+    ({"maxSurge": "5%\n"}, "spec.rollout.maxSurge", "percentage"),
+    ({"maxSurge": True}, "spec.rollout.maxSurge", "percentage"),
+    ({"maxSurge": 1.5}, "spec.rollout.maxSurge", "percentage"),
+    ({"maxUnavailable": "101%"}, "spec.rollout.maxUnavailable", "percentage"),
+    ({"maxUnavailable": "x%"}, "spec.rollout.maxUnavailable", "percentage"),
+])
+def test_invalid_rollout_names_the_field(rollout: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(cr({"model": "m", "rollout": rollout}))
+    assert e.value.field == field and rule in e.value.rule
+
+
+def test_startup_timeout_defaults_to_30_minutes_and_is_bounded() -> None:
+    assert parse_spec(cr({"model": "m"})).startup_timeout_seconds == 1800
+    assert parse_spec(cr({"model": "m", "startupTimeoutSeconds": 7200})).startup_timeout_seconds == 7200
+    for bad, rule in ((59, "must be >= 60"), (4 * 3600 + 1, "must be <= 14400"), ("1h", "must be an integer")):
+        with pytest.raises(SpecError) as e:
+            parse_spec(cr({"model": "m", "startupTimeoutSeconds": bad}))
+        assert e.value.field == "spec.startupTimeoutSeconds" and rule in e.value.rule
+
+
+def test_spec_hash_ignores_the_rollout_strategy_but_not_the_startup_budget() -> None:
+    """The rollout strategy is the Deployment's, not the pods': changing it must not
+    change the template hash (which would re-render the template and roll every pod).
+    The startup budget is the pods' startup probe, so it must."""
+    base = parse_spec(cr({"model": "m"})).spec_hash
+    assert parse_spec(cr({"model": "m", "rollout": {"maxSurge": 0, "maxUnavailable": "50%"}})).spec_hash == base
+    assert parse_spec(cr({"model": "m", "startupTimeoutSeconds": 7200})).spec_hash != base
