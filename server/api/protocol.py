@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pagefleet.server.engine.sampling_params import LOGIT_BIAS_MAX, SamplingParams
+from pagefleet.server.engine.sampling_params import (LOGIT_BIAS_MAX, MAX_ALLOWED_TOKEN_IDS,
+                                                     SamplingParams)
 
 # vLLM's defaults for fields the request and generation_config.json both leave unset.
 VLLM_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
@@ -97,7 +98,10 @@ class _SamplingFields(_Base):
     guided_whitespace_pattern: Any = None
     # vLLM sampling fields this server cannot honour: declared so that setting one is a
     # 400 naming it (UNHONOURED_FIELDS), never a 200 that ignores it.
-    allowed_token_ids: Any = None
+    # vLLM's: sampling keeps only these tokens (ids checked against the vocabulary by the
+    # engine's limits).
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1,
+                                                    max_length=MAX_ALLOWED_TOKEN_IDS)
     bad_words: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -193,8 +197,6 @@ UNHONOURED_FIELDS: dict[str, tuple[tuple, str]] = {
     "functions": ((), "the legacy functions field is not supported; send tools"),
     "function_call": ((), "the legacy function_call field is not supported; send tool_choice"),
     "verbosity": ((), "verbosity is not supported"),
-    "allowed_token_ids": ((), "allowed_token_ids is not supported; use logit_bias or "
-                              "structured outputs (guided_choice, guided_regex)"),
     "bad_words": ((), "bad_words is not supported; use logit_bias"),
     "use_beam_search": ((False,), "beam search is not supported"),
     "length_penalty": ((1, 1.0), "length_penalty applies to beam search, which is not "
@@ -263,6 +265,7 @@ def sampling_params(req: _SamplingFields, defaults: dict, *, max_tokens: int | N
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
         logit_bias={int(t): v for t, v in req.logit_bias.items()} if req.logit_bias else None,
+        allowed_token_ids=req.allowed_token_ids,
         skip_special_tokens=req.skip_special_tokens, output_kind="delta")
 
 

@@ -41,6 +41,7 @@ class CoreSamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: int | None = None   # top-N logprobs per prompt token
     logit_bias_ids: tuple[int, ...] = ()        # logit_bias, as two parallel tuples
     logit_bias_values: tuple[float, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()     # empty: every token
     # Structured output: (kind, text, syntax, any_whitespace) of a GrammarSpec, and the
     # token after which it is enforced (a reasoning model's `</think>`).
     grammar: tuple[str, str, str, bool] | None = None

@@ -154,6 +154,7 @@ class SamplerStep:
     reset_slots: int | None = None
     bans: int | None = None                            # [2, n] (row, token)
     bias: tuple[int, int] | None = None                # [2, n] (row, token), [n] values
+    allowed: tuple[int, int] | None = None             # [2, n] (row, token), [r] its rows
     any_random: bool = False
     any_greedy: bool = False
     any_penalties: bool = False
@@ -186,7 +187,7 @@ class Sampler:
         self._which = 0
         # Slot-holders by feature, so an all-greedy batch needs no per-row work.
         self.num_random = self.num_penalties = self.num_filters = 0
-        self.num_logprobs = self.num_min_tokens = self.num_bias = 0
+        self.num_logprobs = self.num_min_tokens = self.num_bias = self.num_allowed = 0
 
     # -- slots ----------------------------------------------------------------------
     def _count(self, req: Request, delta: int) -> None:
@@ -198,6 +199,7 @@ class Sampler:
         self.num_logprobs += delta * (p.logprobs is not None)
         self.num_min_tokens += delta * (p.min_tokens > 0)
         self.num_bias += delta * bool(p.logit_bias_ids)
+        self.num_allowed += delta * bool(p.allowed_token_ids)
 
     def slot_taken(self, req: Request) -> None:
         self._count(req, 1)
@@ -238,7 +240,7 @@ class Sampler:
         if not reqs:
             return st
         if not (self.num_random or self.num_penalties or self.num_logprobs or self.num_min_tokens
-                or self.num_bias):
+                or self.num_bias or self.num_allowed):
             st.fast_greedy = True
             return st
         st.slots = staging.put("i64", [r.slot for r in reqs])
@@ -255,8 +257,14 @@ class Sampler:
         bias_rows: list[int] = []
         bias_toks: list[int] = []
         bias_vals: list[float] = []
+        allow_rows: list[int] = []
+        allow_pairs: tuple[list[int], list[int]] = ([], [])
         for i, r in enumerate(reqs):
             p = r.params
+            if p.allowed_token_ids:
+                allow_rows.append(i)
+                allow_pairs[0].extend([i] * len(p.allowed_token_ids))
+                allow_pairs[1].extend(p.allowed_token_ids)
             if p.logit_bias_ids:
                 bias_rows.extend([i] * len(p.logit_bias_ids))
                 bias_toks.extend(p.logit_bias_ids)
@@ -279,6 +287,9 @@ class Sampler:
         if bias_rows:
             st.bias = (staging.put("i64", [bias_rows, bias_toks], 2, len(bias_rows)),
                        staging.put("f32", bias_vals))
+        if allow_rows:
+            st.allowed = (staging.put("i64", list(allow_pairs), 2, len(allow_pairs[0])),
+                          staging.put("i64", allow_rows))
         if st.want:
             st.want_rows = staging.put("i64", st.want)
         return st
@@ -320,6 +331,12 @@ class Sampler:
             from pagefleet.server.engine.structured_output import apply
 
             apply(logits, grammar[0], grammar[1])
+        if st.allowed is not None:   # vLLM's allowed_token_ids: only those stay
+            pairs, rows = staging.get(st.allowed[0]), staging.get(st.allowed[1])
+            keep = torch.ones_like(logits, dtype=torch.bool)
+            keep.index_fill_(0, rows, False)
+            keep.index_put_((pairs[0], pairs[1]), self._true)
+            logits = logits.masked_fill(~keep, float("-inf"))
         if st.bias is not None:   # before penalties and temperature, as in vLLM
             if dev.type != "cuda":
                 logits = logits.clone()

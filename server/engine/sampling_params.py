@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 
 LOGIT_BIAS_MAX = 100.0     # OpenAI's bound on a logit_bias value
+MAX_ALLOWED_TOKEN_IDS = 1024   # allowed_token_ids entries (staged on every step, as logit_bias)
 
 
 class SamplingParamsError(ValueError):
@@ -42,6 +43,9 @@ class SamplingParams:
     # token id -> value added to its logit before penalties, temperature and filters
     # (OpenAI's logit_bias; -100 bans a token, +100 all but forces it).
     logit_bias: dict[int, float] | None = None
+    # vLLM's allowed_token_ids: sampling keeps only these tokens (the mask comes first,
+    # as vLLM applies it; EOS only when listed).
+    allowed_token_ids: list[int] | None = None
     # Structured output: a GrammarSpec's (kind, text, syntax, any_whitespace), enforced
     # after `reasoning_end_token_id` when that is set.
     grammar: tuple | None = None
@@ -101,6 +105,10 @@ class SamplingParams:
             isinstance(t, int) and t >= 0 and -LOGIT_BIAS_MAX <= v <= LOGIT_BIAS_MAX
             for t, v in self.logit_bias.items()), "logit_bias",
             f"keys must be token ids and values in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]")
+        need(self.allowed_token_ids is None or (
+            0 < len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS
+            and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),
+            "allowed_token_ids", f"must be 1 to {MAX_ALLOWED_TOKEN_IDS} token ids")
         need(self.output_kind in ("cumulative", "delta", "final"), "output_kind",
              "must be cumulative, delta or final")
 
@@ -117,5 +125,6 @@ class SamplingParams:
             logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
             logit_bias_ids=tuple(self.logit_bias or ()),
             logit_bias_values=tuple(float(v) for v in (self.logit_bias or {}).values()),
+            allowed_token_ids=tuple(sorted(set(self.allowed_token_ids or ()))),
             grammar=tuple(self.grammar) if self.grammar is not None else None,
             reasoning_end_token_id=self.reasoning_end_token_id)

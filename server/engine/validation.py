@@ -87,6 +87,8 @@ class EngineLimits:
             raise SamplingParamsError("stop_token_ids", f"ids must be < {v}")
         if params.logit_bias and any(t >= v for t in params.logit_bias):
             raise SamplingParamsError("logit_bias", f"token ids must be < {v}")
+        if params.allowed_token_ids and any(t >= v for t in params.allowed_token_ids):
+            raise SamplingParamsError("allowed_token_ids", f"token ids must be < {v}")
         if params.min_tokens > self.max_model_len:
             raise SamplingParamsError("min_tokens", f"must be at most the context length "
                                       f"{self.max_model_len}, got {params.min_tokens}")

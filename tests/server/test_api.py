@@ -313,7 +313,7 @@ BAD_REQUESTS = [
     *[(path, {**body, field: value}, field)
       for path, body in (("/v1/completions", {"prompt": "x"}),
                          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}))
-      for field, value in (("allowed_token_ids", [5]), ("bad_words", ["x"]),
+      for field, value in (("bad_words", ["x"]),
                            ("use_beam_search", True), ("length_penalty", 0.5),
                            ("spaces_between_special_tokens", False), ("cache_salt", "t1"),
                            ("logits_processors", ["a.b"]), ("vllm_xargs", {"k": 1}))],
@@ -322,6 +322,8 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "verbosity": "low"}, "verbosity"),
     ("/v1/completions", {"prompt": "x", "prompt_embeds": "AAAA"}, "prompt_embeds"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [10**7]}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "stop": ""}, "stop"),
     ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}, "stop"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 600}, "truncate_prompt_tokens"),
@@ -365,7 +367,7 @@ def test_bad_field_400_names_it(srv, path, body, param):
 def test_unhonoured_fields_at_their_no_op_values_pass(srv):
     """A client that sends vLLM's defaults explicitly is not refused."""
     same = {"use_beam_search": False, "length_penalty": 1.0,
-            "spaces_between_special_tokens": True, "allowed_token_ids": None}
+            "spaces_between_special_tokens": True, "bad_words": None}
     r = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2, **same})
     assert r.status_code == 200, r.text
     r = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -389,6 +391,15 @@ def test_logit_bias_forces_and_bans_tokens(srv, client, tokenizer):
                                          messages=[{"role": "user", "content": "hi"}],
                                          logit_bias={str(t): 100})
     assert out.choices[0].message.content == tokenizer.decode([t] * 3)
+    # vLLM's allowed_token_ids: only those tokens, greedy and sampled, on both endpoints
+    few = tokenizer.encode(PROMPT)[1:4]
+    assert set(ids(temperature=0, allowed_token_ids=few)) <= set(few)
+    assert set(ids(temperature=1.0, seed=5, allowed_token_ids=few)) <= set(few)
+    assert ids(temperature=0, allowed_token_ids=[t]) == [t] * 4
+    chat = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 3, "temperature": 0,
+                                              "allowed_token_ids": [t]})
+    assert chat.json()["choices"][0]["message"]["content"] == tokenizer.decode([t] * 3)
     assert srv.kv_whole()
 
 

@@ -203,6 +203,29 @@ def test_logit_bias_forces_bans_and_comes_before_penalties():
     assert {h(logits[:1], [sampled]).token_ids[0] for _ in range(20)} == {3}
 
 
+def test_allowed_token_ids_keep_only_those_tokens():
+    """vLLM's allowed_token_ids: every other token is out, greedy and sampled, with the
+    bias and penalties applied among those left; rows without it are untouched."""
+    h = Harness(6)
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]] * 3)
+    plain = h.req("plain", P(temperature=0))
+    narrow = h.req("narrow", P(temperature=0, allowed_token_ids=(3, 5)))
+    biased = h.req("biased", P(temperature=0, allowed_token_ids=(3, 5), logit_bias_ids=(5,),
+                               logit_bias_values=(10.0,)))
+    assert h(logits, [plain, narrow, biased]).token_ids == [0, 3, 5]
+    assert logits[0, 0] == 5.0    # the caller's logits are not modified
+    sampled = h.req("sampled", P(temperature=1.0, allowed_token_ids=(1, 4)), seed=3)
+    assert {h(logits[:1], [sampled]).token_ids[0] for _ in range(30)} == {1, 4}
+
+
+def test_allowed_token_ids_bounds():
+    for value in ([], [-1], list(range(1025))):
+        with pytest.raises(SamplingParamsError) as e:
+            SamplingParams(allowed_token_ids=value)
+        assert e.value.param == "allowed_token_ids"
+    assert SamplingParams(allowed_token_ids=[9, 2, 9]).core_params(4).allowed_token_ids == (2, 9)
+
+
 def test_logit_bias_bounds():
     for bias in ({1: 101.0}, {-1: 1.0}, {1: float("nan")}):
         with pytest.raises(SamplingParamsError) as e:
