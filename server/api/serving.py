@@ -32,7 +32,7 @@ from pagefleet.server.api.reasoning import REASONING_FIELDS, get_reasoning_parse
 from pagefleet.server.api.structured_outputs import grammar_spec_from_request, spec_problem
 from pagefleet.server.api.tool_parsers import (ToolChoiceError, get_tool_parser, parser_for_plan,
                                                plan_tool_choice)
-from pagefleet.server.engine.async_engine import AsyncEngine, RequestStream
+from pagefleet.server.engine.async_engine import AsyncEngine, RequestGroup, RequestStream
 from pagefleet.server.engine.sampling_params import SamplingParams
 from pagefleet.server.engine.structured_output import GrammarSpec
 from pagefleet.server.engine.validation import PromptTooLongError
@@ -224,10 +224,14 @@ class OpenAIServing:
         """Admit all choices of one HTTP request, or none of them. Choice j of a prompt
         gets seed + j (choice 0 the request's seed, so n=1 and the first of n=3 agree);
         choices after the first share the prompt's KV blocks: they wait for the first
-        one's prompt to be cached instead of computing it again."""
+        one's prompt to be cached instead of computing it again. They form one
+        `RequestGroup`: the queue timeout is the HTTP request's, so a 503 comes only
+        while none of its choices runs, and siblings that queue behind the running ones
+        (n above --max-num-seqs) are never cut off mid-request."""
         per = prep.best_of
         self.engine.check_admission(len(prep.prompts) * per)
         notify = asyncio.Event()
+        group = RequestGroup()
         streams: list[RequestStream] = []
         arrival = time.time()
         params = prep.params
@@ -241,7 +245,8 @@ class OpenAIServing:
                     sid = f"{rid}.{next(_seq)}"
                     streams.append(self.engine.add(sid, ids, p, priority=priority,
                                                    notify=notify, arrival_time=arrival,
-                                                   prompt=text, prefix_leader=leader))
+                                                   prompt=text, prefix_leader=leader,
+                                                   group=group))
                     if per > 1 and leader is None:
                         leader = sid
         except BaseException:

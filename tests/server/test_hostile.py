@@ -321,3 +321,60 @@ def test_log_lines_cannot_be_forged(proc_server):
     lines = proc_server.output().splitlines()
     assert not any(line.startswith("INFO 01-01 00:00:00 [pagefleet.api] FORGED") for line in lines)
     assert any("x\\nINFO 01-01" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def narrow(model_dir):
+    """Two sequences at a time and a short queue timeout: a request with n = 4 runs two
+    choices while its other two queue behind them, each wave for well over the timeout
+    (1500 tokens take seconds; the timeout is 0.5 s)."""
+    server = ThreadServer(model_dir, max_num_seqs=2, max_model_len=2048,
+                          queue_timeout=0.5).start()
+    yield server
+    server.stop()
+
+
+WIDE = {"prompt": "hello world", "max_tokens": 1500, "ignore_eos": True, "n": 4}
+
+
+def test_the_queue_timeout_is_the_requests_not_each_choices(narrow):
+    """Choices 2-3 wait for choices 0-1 far longer than --queue-timeout; they are
+    admitted work of a running request, so the request gets all four (was a 503)."""
+    r = post(narrow, "/v1/completions", WIDE)
+    assert r.status_code == 200, r.text[:300]
+    choices = r.json()["choices"]
+    assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
+    assert all(c["finish_reason"] == "length" for c in choices)
+    assert r.json()["usage"]["completion_tokens"] == 4 * 1500
+    wait_for(lambda: idle(narrow), 60, what="idle")
+
+
+def test_a_streamed_wide_request_gets_every_choice_and_no_in_band_error(narrow):
+    """Streamed, the per-choice timeout gave 200, choices 0-1, then an in-band 503."""
+    with httpx.stream("POST", narrow.url + "/v1/completions", json={**WIDE, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    finished = {ch["index"]: ch["finish_reason"] for c in chunks for ch in c["choices"]
+                if ch["finish_reason"]}
+    assert finished == {0: "length", 1: "length", 2: "length", 3: "length"}
+    wait_for(lambda: idle(narrow), 60, what="idle")
+
+
+def test_a_wide_request_none_of_whose_choices_runs_still_times_out_whole(narrow):
+    """The timeout still holds for the request as a whole: behind a request that takes
+    both sequences, n = 3 gets its 503 and none of its choices is left in the queue."""
+    with httpx.Client(timeout=120) as c:
+        with c.stream("POST", narrow.url + "/v1/completions",
+                      json={**STREAM, "max_tokens": 1900, "n": 2}) as blocker:
+            lines = blocker.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            late = c.post(narrow.url + "/v1/completions",
+                          json={"prompt": "x", "max_tokens": 2, "n": 3})
+            assert late.status_code == 503, late.text[:300]
+            assert "--queue-timeout" in late.json()["error"]["message"]
+    wait_for(lambda: idle(narrow), 60, what="idle with every block back")
