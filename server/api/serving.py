@@ -153,8 +153,11 @@ class OpenAIServing:
         self.logprob_fmt = LogprobFormatter(self.tokenizer)
         self.created = int(time.time())
         self.offload_bytes = OFFLOAD_BYTES
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagefleet-prepare")
-        self._worker_tokenizer = None
+        # Generation requests and the tokenizer endpoints never share a thread: /tokenize
+        # is open without an API key (as in vLLM), and one 32 MB body is half a minute
+        # of CPU that an authenticated request must not queue behind.
+        self._prep = PrepThread(self.tokenizer, "pagefleet-prepare")
+        self._tokenizer_prep = PrepThread(self.tokenizer, "pagefleet-tokenize")
 
     # -- shared checks ---------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -753,19 +756,13 @@ class OpenAIServing:
         return streaming_response(events())
 
     # -- preparation: parse, check, tokenize (off the event loop when large) -----------
-    async def prepared(self, fn, body: bytes):
-        """`fn(body, tokenizer)` inline for small bodies; in the preparation thread (with
-        its own tokenizer: HF tokenizers are not safe to share across threads) for large
-        ones, so tokenizing or templating megabytes never stalls other streams."""
+    async def prepared(self, fn, body: bytes, thread: PrepThread | None = None):
+        """`fn(body, tokenizer)` inline for small bodies; in a preparation thread for
+        large ones, so tokenizing or templating megabytes never stalls other streams:
+        `thread`, or the generation requests' own."""
         if len(body) < self.offload_bytes:
             return fn(body, self.tokenizer)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._in_worker, fn, body)
-
-    def _in_worker(self, fn, body: bytes):
-        if self._worker_tokenizer is None:
-            self._worker_tokenizer = copy.deepcopy(self.tokenizer)
-        return fn(body, self._worker_tokenizer)
+        return await (thread or self._prep).run(fn, body)
 
     # -- tokenizer endpoints -----------------------------------------------------------
     def _tokenize(self, body: bytes, tok) -> dict:
@@ -782,7 +779,7 @@ class OpenAIServing:
                 "token_strs": tok.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 
     async def tokenize(self, body: bytes, rid: str) -> Response:
-        return json_response(await self.prepared(self._tokenize, body))
+        return json_response(await self.prepared(self._tokenize, body, self._tokenizer_prep))
 
     def _detokenize(self, body: bytes, tok) -> dict:
         req = parse(P.DetokenizeRequest, body)
@@ -792,7 +789,8 @@ class OpenAIServing:
         return {"prompt": tok.decode(req.tokens)}
 
     async def detokenize(self, body: bytes, rid: str) -> Response:
-        return json_response(await self.prepared(self._detokenize, body))
+        return json_response(await self.prepared(self._detokenize, body,
+                                                 self._tokenizer_prep))
 
     def model_cards(self) -> list[dict]:
         return [P.model_card(name, self.model_root, self.max_model_len, self.created)
@@ -806,6 +804,27 @@ class OpenAIServing:
             if card["id"] == model_id:
                 return json_response(card)
         raise APIError(404, f"The model `{_clip(model_id)}` does not exist.", "model")
+
+
+class PrepThread:
+    """One thread that prepares large bodies, one at a time, with its own copy of the
+    tokenizer (HF tokenizers are not safe to share across threads; the copy is made in
+    the thread, on first use, so startup does not pay for it)."""
+
+    def __init__(self, tokenizer, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._source = tokenizer
+        self._tokenizer = None
+
+    async def run(self, fn, body: bytes):
+        """`fn(body, tokenizer)` in this thread, after whatever it holds already."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn,
+                                                                body)
+
+    def _call(self, fn, body: bytes):
+        if self._tokenizer is None:
+            self._tokenizer = copy.deepcopy(self._source)
+        return fn(body, self._tokenizer)
 
 
 class Accum:

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import socket
+import threading
 
 import httpx
 import pytest
@@ -167,6 +168,45 @@ def test_a_large_body_never_blocks_the_event_loop(srv):
                       headers={"content-type": "application/json"}, timeout=120)
     assert huge.status_code == 413 and huge.json()["error"]["code"] == 413
     wait_for(lambda: idle(srv), 120, what="idle")
+
+
+@pytest.mark.parametrize("path,fn,body", [
+    ("/tokenize", "_tokenize", {"prompt": "hello world " * 10_000}),
+    ("/detokenize", "_detokenize", {"tokens": [100] * 20_000}),
+], ids=["tokenize", "detokenize"])
+def test_the_tokenizer_endpoints_cannot_hold_up_generation(srv, monkeypatch, path, fn, body):
+    """/tokenize and /detokenize are open without an API key, and a 32 MB body there is
+    half a minute of CPU: it must not delay a generation request's preparation. The
+    tokenizer endpoint's (real) work is held here until the completion is answered; a
+    preparation thread shared by both (the defect) keeps the completion waiting behind
+    it, so its client times out. Both bodies are past OFFLOAD_BYTES (threads, not the
+    event loop)."""
+    serving = srv.app.state.serving
+    started, release = threading.Event(), threading.Event()
+    real = getattr(serving, fn)
+
+    def held(raw: bytes, tok):
+        started.set()
+        release.wait(120)
+        return real(raw, tok)
+
+    monkeypatch.setattr(serving, fn, held)
+    completion = {"prompt": "hi " * 30_000, "max_tokens": 4, "truncate_prompt_tokens": 100}
+    assert len(json.dumps(completion)) >= 64 << 10 and len(json.dumps(body)) >= 64 << 10
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as c:
+            side = asyncio.create_task(c.post(srv.url + path, json=body))
+            assert await asyncio.to_thread(started.wait, 60), "the tokenizer call never started"
+            try:
+                gen = await c.post(srv.url + "/v1/completions", json=completion, timeout=60)
+                side_pending = not side.done()
+            finally:
+                release.set()
+            return gen, side_pending, await side
+    gen, side_pending, side = asyncio.run(scenario())
+    assert gen.status_code == 200 and gen.json()["usage"]["prompt_tokens"] == 100, gen.text
+    assert side_pending and side.status_code == 200, side.text[:300]
 
 
 def _upload(port: int, megabytes: int, chunked: bool) -> tuple[bytes, OSError | None]:
