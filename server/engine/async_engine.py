@@ -212,6 +212,9 @@ class AsyncEngine:
         self._core_error: CoreError | None = None
         self._draining = False
         self._stopping = False
+        # Set when admission stops (drain or stop): bodies still arriving are refused at
+        # once instead of being read for a request that would be refused anyway.
+        self.closing = asyncio.Event()
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
         self._dec = msgspec.msgpack.Decoder(FromCore)
@@ -226,6 +229,7 @@ class AsyncEngine:
     async def stop(self) -> None:
         """Stop the core (after `drain`); open requests fail, none hang."""
         self._stopping = True
+        self.closing.set()
         loop = asyncio.get_running_loop()
         try:
             loop.remove_reader(self.core.proc.sentinel)
@@ -257,6 +261,7 @@ class AsyncEngine:
         """Stop admitting, let open requests finish for up to `timeout` seconds, then
         abort the rest with `ServerShutdownError`. Returns how many were aborted."""
         self._draining = True
+        self.closing.set()
         deadline = time.monotonic() + timeout
         while self._streams and time.monotonic() < deadline and self.is_alive:
             await asyncio.sleep(0.05)

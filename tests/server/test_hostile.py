@@ -418,3 +418,59 @@ def test_a_wide_request_none_of_whose_choices_runs_still_times_out_whole(narrow)
             assert late.status_code == 503, late.text[:300]
             assert "--queue-timeout" in late.json()["error"]["message"]
     wait_for(lambda: idle(narrow), 60, what="idle with every block back")
+
+
+PARTIAL = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 5000\r\n\r\n" + b'{"prompt": "hel')
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket's timeout bounds it)."""
+    data = b""
+    while part := sock.recv(1 << 16):
+        data += part
+    return data
+
+
+def test_a_body_that_never_finishes_gets_a_408_and_the_close(model_dir):
+    """Slowloris on the body: headers and part of the body, then nothing. The request
+    gets a 408 in the OpenAI shape once --request-body-timeout passes, and the server
+    closes the connection (it stayed open for good)."""
+    server = ThreadServer(model_dir, max_model_len=256, request_body_timeout=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            sock.sendall(PARTIAL)
+            data = _reply(sock)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), data[:300]
+        err = json.loads(body)["error"]
+        assert err["code"] == 408 and err["type"] == "RequestTimeoutError"
+        assert "--request-body-timeout" in err["message"]
+        ok = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_sigterm_answers_a_body_still_arriving_without_a_traceback(model_dir, tmp_path):
+    """On SIGTERM a connection stuck mid-body gets a 503 at once and the server exits 0;
+    it used to hold the shutdown for uvicorn's graceful timeout and then log a
+    CancelledError traceback from the body read."""
+    s = SubprocessServer([str(model_dir), "--max-model-len", "256",
+                          "--kv-cache-memory", str(16 << 20)], tmp_path / "serve.log").wait_ready()
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+            sock.sendall(PARTIAL)
+            # Whether the body read began before the signal or after it (the server
+            # still reads requests while it drains), the answer is the same.
+            assert post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+            s.terminate()
+            data = _reply(sock)
+        assert data.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in data.lower(), data[:300]
+        assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == 503
+        assert s.proc.wait(60) == 0, s.output()
+        out = s.output()
+        assert "Traceback" not in out and "CancelledError" not in out and "ERROR" not in out, \
+            out[-3000:]
+    finally:
+        s.close()
