@@ -281,6 +281,10 @@ class ServerConfig:
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
     max_request_body_bytes: int = opt(32 << 20, "Largest request body accepted; larger "
                                       "ones get 413 before they are parsed.")
+    request_body_timeout: float = opt(
+        60.0, "Seconds a client may take to send its whole request body, counted from "
+        "its headers; past it: 408 and the connection closes (a client trickling a body "
+        "cannot hold a connection for ever). Header reads need a reverse proxy's timeout.")
     queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
                                       "scheduled; past it the request gets 503.")
     shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")
@@ -298,6 +302,7 @@ class ServerConfig:
         need(0 <= self.port <= 65535, "port", "must be in 0..65535")
         need(self.max_num_queued_requests >= 1, "max-num-queued-requests", "must be >= 1")
         need(self.max_request_body_bytes >= 1, "max-request-body-bytes", "must be >= 1")
+        need(self.request_body_timeout > 0, "request-body-timeout", "must be > 0")
         need(self.queue_timeout is None or self.queue_timeout > 0, "queue-timeout", "must be > 0")
         need(self.shutdown_timeout >= 0, "shutdown-timeout", "must be >= 0")
         need(self.max_log_len >= 0, "max-log-len", "must be >= 0")

@@ -109,7 +109,9 @@ def build_app(served, server_cfg: ServerConfig, *,
     install_error_handlers(app)
     # Innermost first: the body cap runs after the key check (no body is read for a
     # 401), the request id outermost (401s and 413s carry it too).
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server_cfg.max_request_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server_cfg.max_request_body_bytes,
+                       timeout=server_cfg.request_body_timeout,
+                       closing=async_engine.closing)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestIdMiddleware)

@@ -28,6 +28,7 @@ ERROR_TYPES = {
     403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
     415: "UnsupportedMediaTypeError",
     422: "UnprocessableEntityError",

@@ -32,7 +32,7 @@ from pagefleet.server.api.reasoning import REASONING_FIELDS, get_reasoning_parse
 from pagefleet.server.api.structured_outputs import grammar_spec_from_request, spec_problem
 from pagefleet.server.api.tool_parsers import (ToolChoiceError, get_tool_parser, parser_for_plan,
                                                plan_tool_choice)
-from pagefleet.server.engine.async_engine import AsyncEngine, RequestStream
+from pagefleet.server.engine.async_engine import AsyncEngine, RequestGroup, RequestStream
 from pagefleet.server.engine.sampling_params import SamplingParams
 from pagefleet.server.engine.structured_output import GrammarSpec
 from pagefleet.server.engine.validation import PromptTooLongError
@@ -153,8 +153,11 @@ class OpenAIServing:
         self.logprob_fmt = LogprobFormatter(self.tokenizer)
         self.created = int(time.time())
         self.offload_bytes = OFFLOAD_BYTES
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagefleet-prepare")
-        self._worker_tokenizer = None
+        # Generation requests and the tokenizer endpoints never share a thread: /tokenize
+        # is open without an API key (as in vLLM), and one 32 MB body is half a minute
+        # of CPU that an authenticated request must not queue behind.
+        self._prep = PrepThread(self.tokenizer, "pagefleet-prepare")
+        self._tokenizer_prep = PrepThread(self.tokenizer, "pagefleet-tokenize")
 
     # -- shared checks ---------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -224,10 +227,14 @@ class OpenAIServing:
         """Admit all choices of one HTTP request, or none of them. Choice j of a prompt
         gets seed + j (choice 0 the request's seed, so n=1 and the first of n=3 agree);
         choices after the first share the prompt's KV blocks: they wait for the first
-        one's prompt to be cached instead of computing it again."""
+        one's prompt to be cached instead of computing it again. They form one
+        `RequestGroup`: the queue timeout is the HTTP request's, so a 503 comes only
+        while none of its choices runs, and siblings that queue behind the running ones
+        (n above --max-num-seqs) are never cut off mid-request."""
         per = prep.best_of
         self.engine.check_admission(len(prep.prompts) * per)
         notify = asyncio.Event()
+        group = RequestGroup()
         streams: list[RequestStream] = []
         arrival = time.time()
         params = prep.params
@@ -241,7 +248,8 @@ class OpenAIServing:
                     sid = f"{rid}.{next(_seq)}"
                     streams.append(self.engine.add(sid, ids, p, priority=priority,
                                                    notify=notify, arrival_time=arrival,
-                                                   prompt=text, prefix_leader=leader))
+                                                   prompt=text, prefix_leader=leader,
+                                                   group=group))
                     if per > 1 and leader is None:
                         leader = sid
         except BaseException:
@@ -748,19 +756,13 @@ class OpenAIServing:
         return streaming_response(events())
 
     # -- preparation: parse, check, tokenize (off the event loop when large) -----------
-    async def prepared(self, fn, body: bytes):
-        """`fn(body, tokenizer)` inline for small bodies; in the preparation thread (with
-        its own tokenizer: HF tokenizers are not safe to share across threads) for large
-        ones, so tokenizing or templating megabytes never stalls other streams."""
+    async def prepared(self, fn, body: bytes, thread: PrepThread | None = None):
+        """`fn(body, tokenizer)` inline for small bodies; in a preparation thread for
+        large ones, so tokenizing or templating megabytes never stalls other streams:
+        `thread`, or the generation requests' own."""
         if len(body) < self.offload_bytes:
             return fn(body, self.tokenizer)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._in_worker, fn, body)
-
-    def _in_worker(self, fn, body: bytes):
-        if self._worker_tokenizer is None:
-            self._worker_tokenizer = copy.deepcopy(self.tokenizer)
-        return fn(body, self._worker_tokenizer)
+        return await (thread or self._prep).run(fn, body)
 
     # -- tokenizer endpoints -----------------------------------------------------------
     def _tokenize(self, body: bytes, tok) -> dict:
@@ -777,7 +779,7 @@ class OpenAIServing:
                 "token_strs": tok.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 
     async def tokenize(self, body: bytes, rid: str) -> Response:
-        return json_response(await self.prepared(self._tokenize, body))
+        return json_response(await self.prepared(self._tokenize, body, self._tokenizer_prep))
 
     def _detokenize(self, body: bytes, tok) -> dict:
         req = parse(P.DetokenizeRequest, body)
@@ -787,7 +789,8 @@ class OpenAIServing:
         return {"prompt": tok.decode(req.tokens)}
 
     async def detokenize(self, body: bytes, rid: str) -> Response:
-        return json_response(await self.prepared(self._detokenize, body))
+        return json_response(await self.prepared(self._detokenize, body,
+                                                 self._tokenizer_prep))
 
     def model_cards(self) -> list[dict]:
         return [P.model_card(name, self.model_root, self.max_model_len, self.created)
@@ -801,6 +804,27 @@ class OpenAIServing:
             if card["id"] == model_id:
                 return json_response(card)
         raise APIError(404, f"The model `{_clip(model_id)}` does not exist.", "model")
+
+
+class PrepThread:
+    """One thread that prepares large bodies, one at a time, with its own copy of the
+    tokenizer (HF tokenizers are not safe to share across threads; the copy is made in
+    the thread, on first use, so startup does not pay for it)."""
+
+    def __init__(self, tokenizer, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._source = tokenizer
+        self._tokenizer = None
+
+    async def run(self, fn, body: bytes):
+        """`fn(body, tokenizer)` in this thread, after whatever it holds already."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn,
+                                                                body)
+
+    def _call(self, fn, body: bytes):
+        if self._tokenizer is None:
+            self._tokenizer = copy.deepcopy(self._source)
+        return fn(body, self._tokenizer)
 
 
 class Accum:

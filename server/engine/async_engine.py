@@ -15,7 +15,8 @@ runs on the event loop:
 - the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption
   and finish events, so a scrape during a long prefill sees the real queue;
 - admission control (429 past `--max-num-queued-requests`), queue timeouts (the core
-  aborts a request that is still waiting: 503), draining for shutdown, and engine
+  aborts a request that is still waiting: 503; timed per HTTP request, see
+  `RequestGroup`), draining for shutdown, and engine
   death: the core process's sentinel fires the moment it exits, every open request
   fails with `EngineDeadError`, `/health` turns 503 and `on_dead` is called (the server
   then exits non-zero so Kubernetes restarts the pod).
@@ -79,6 +80,30 @@ class RequestFailedError(EngineUnavailableError):
     status = 500
 
 
+@dataclass(eq=False)
+class RequestGroup:
+    """The engine requests (choices, prompts) of one HTTP request, which share its queue
+    timeout.
+
+    `--queue-timeout` promises a client that a request nobody has started serving gets
+    a 503 instead of waiting forever. Timing each choice alone broke that promise for
+    `n` above the free capacity: choices 0-1 run, choices 2-5 wait behind their own
+    siblings, time out, and fail a request that was being served (in-band, after a
+    200, when streamed). So the timer belongs to the group: it fires only if no member
+    has been scheduled, and the first member scheduled disarms it; its siblings are
+    then admitted work of a running request and wait as long as they need."""
+
+    request_ids: list[str] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+    started: bool = False        # a member has been scheduled: the timeout no longer applies
+    open: int = 0                # members not finished yet
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 @dataclass
 class RequestStream:
     """One request's mailbox on the event loop: the deltas not taken yet, or an error."""
@@ -104,7 +129,7 @@ class RequestStream:
     scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
-    timer: asyncio.TimerHandle | None = None
+    group: RequestGroup = field(default_factory=RequestGroup)
     user: Any = None
 
     def push(self, out: RequestOutput) -> None:
@@ -187,6 +212,9 @@ class AsyncEngine:
         self._core_error: CoreError | None = None
         self._draining = False
         self._stopping = False
+        # Set when admission stops (drain or stop): bodies still arriving are refused at
+        # once instead of being read for a request that would be refused anyway.
+        self.closing = asyncio.Event()
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
         self._dec = msgspec.msgpack.Decoder(FromCore)
@@ -201,6 +229,7 @@ class AsyncEngine:
     async def stop(self) -> None:
         """Stop the core (after `drain`); open requests fail, none hang."""
         self._stopping = True
+        self.closing.set()
         loop = asyncio.get_running_loop()
         try:
             loop.remove_reader(self.core.proc.sentinel)
@@ -232,6 +261,7 @@ class AsyncEngine:
         """Stop admitting, let open requests finish for up to `timeout` seconds, then
         abort the rest with `ServerShutdownError`. Returns how many were aborted."""
         self._draining = True
+        self.closing.set()
         deadline = time.monotonic() + timeout
         while self._streams and time.monotonic() < deadline and self.is_alive:
             await asyncio.sleep(0.05)
@@ -261,22 +291,30 @@ class AsyncEngine:
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
             priority: int = 0, notify: asyncio.Event | None = None,
             arrival_time: float | None = None, prompt: str | None = None,
-            prefix_leader: str | None = None) -> RequestStream:
+            prefix_leader: str | None = None, group: RequestGroup | None = None
+            ) -> RequestStream:
         """Validate and queue a request; returns its mailbox. Raises the admission
-        errors and RequestRejected / SamplingParamsError (400) before queueing."""
+        errors and RequestRejected / SamplingParamsError (400) before queueing.
+
+        The requests of one HTTP request pass one `group`: they share its queue timeout
+        (armed by the first member added). Without one the request is its own group."""
         self.check_admission()
         if request_id in self._streams:
             raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
         arrival = arrival_time or time.time()
         cr = self.limits.core_request(request_id, prompt_ids, params, priority=priority,
                                       arrival_time=arrival, prefix_leader=prefix_leader)
+        group = group if group is not None else RequestGroup()
         stream = RequestStream(request_id, arrival, notify or asyncio.Event(),
-                               prompt_len=len(prompt_ids), max_tokens=cr.params.max_tokens)
+                               prompt_len=len(prompt_ids), max_tokens=cr.params.max_tokens,
+                               group=group)
         self.processor.add(request_id, prompt, cr.prompt_token_ids, params)
         self._streams[request_id] = stream
         self.num_waiting += 1
-        if self.queue_timeout:
-            stream.timer = self._loop.call_later(self.queue_timeout, self._expire, request_id)
+        group.request_ids.append(request_id)
+        group.open += 1
+        if self.queue_timeout and group.timer is None and not group.started:
+            group.timer = self._loop.call_later(self.queue_timeout, self._expire, group)
         self.core.send(cr)
         return stream
 
@@ -298,10 +336,18 @@ class AsyncEngine:
                 stream.push(out)
             self._finished(stream, "abort")
 
-    def _expire(self, request_id: str) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None and not stream.scheduled and not stream.finished:
-            self.core.send(CoreAbort([request_id], only_if_waiting=True))
+    def _expire(self, group: RequestGroup) -> None:
+        """The group's queue timeout passed with none of it scheduled (as far as this
+        side knows): ask the core to abort its open members, which it does only if it
+        has not scheduled one of them meanwhile (the decision is the core's, so a
+        member scheduled while this message travels keeps the whole group alive)."""
+        group.timer = None
+        if group.started:
+            return
+        rids = [rid for rid in group.request_ids
+                if (s := self._streams.get(rid)) is not None and not s.finished]
+        if rids:
+            self.core.send(CoreAbort(rids, only_if_waiting=True))
 
     async def outputs_many(self, streams: list[RequestStream]
                            ) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -384,9 +430,8 @@ class AsyncEngine:
                 stream.scheduled_time = now
                 self.num_waiting -= 1
                 self.num_running += 1
-                if stream.timer is not None:
-                    stream.timer.cancel()
-                    stream.timer = None
+                stream.group.started = True
+                stream.group.disarm()
                 self._safe(listener.on_scheduled, stream, now)
         for rid in msg.preempted:
             stream = streams.get(rid)
@@ -462,9 +507,9 @@ class AsyncEngine:
             self.num_running -= 1
         else:
             self.num_waiting -= 1
-        if stream.timer is not None:
-            stream.timer.cancel()
-            stream.timer = None
+        stream.group.open -= 1
+        if stream.group.open == 0:
+            stream.group.disarm()
 
     def _finished(self, stream: RequestStream, reason: str) -> None:
         if stream.finished:

@@ -189,25 +189,37 @@ class EngineCore:
             self.scheduler.add(req)
 
     def abort(self, cmd: CoreAbort) -> CoreOutputs:
+        if cmd.only_if_waiting:
+            return self._expire(cmd.request_ids)
         out = CoreOutputs()
         for rid in cmd.request_ids:
             req = self.scheduler.requests.get(rid)
             if req is None:
                 if self.structured.abort(rid) is not None:   # still compiling its grammar
-                    if cmd.only_if_waiting:
-                        out.failed.append(CoreFailure(rid, "queue_timeout",
-                                                      "waited in the queue too long"))
-                    else:
-                        out.outputs.append(CoreOutput(rid, [], finish_reason="abort"))
-                continue
-            if cmd.only_if_waiting:
-                if req.ever_scheduled:
-                    continue
-                self._finish(req, "abort")
-                out.failed.append(CoreFailure(rid, "queue_timeout", "waited in the queue too long"))
+                    out.outputs.append(CoreOutput(rid, [], finish_reason="abort"))
                 continue
             self._finish(req, "abort")
             out.outputs.append(CoreOutput(rid, [], finish_reason="abort"))
+        return out
+
+    def _expire(self, request_ids: list[str]) -> CoreOutputs:
+        """A queue timeout: `request_ids` are the open choices of one HTTP request, and
+        the timeout is the request's. Decided here, not on the API side alone, because
+        a choice can be scheduled while the API's message travels: then the request is
+        being served and all of its choices stay."""
+        out = CoreOutputs()
+        reqs = [self.scheduler.requests.get(rid) for rid in request_ids]
+        # Never scheduled: queued, or still compiling its grammar. A member the core no
+        # longer holds has finished (served, or failed: that fails the HTTP request).
+        if not all(rid in self.structured.waiting if req is None else not req.ever_scheduled
+                   for rid, req in zip(request_ids, reqs)):
+            return out
+        for rid, req in zip(request_ids, reqs):
+            if req is None:
+                self.structured.abort(rid)
+            else:
+                self._finish(req, "abort")
+            out.failed.append(CoreFailure(rid, "queue_timeout", "waited in the queue too long"))
         return out
 
     def has_unfinished_requests(self) -> bool:

@@ -70,8 +70,9 @@ class CoreRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
 
 class CoreAbort(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     request_ids: list[str]
-    # Queue timeout: abort only a request that was never scheduled; the core answers
-    # with a `failed` entry of kind "queue_timeout" when it did abort.
+    # Queue timeout of one HTTP request: `request_ids` are its open choices, aborted
+    # together only if none of them was ever scheduled (else none is); the core answers
+    # with a `failed` entry of kind "queue_timeout" for each one it did abort.
     only_if_waiting: bool = False
 
 

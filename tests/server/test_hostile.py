@@ -9,6 +9,7 @@ import json
 import os
 import random
 import socket
+import threading
 
 import httpx
 import pytest
@@ -169,6 +170,45 @@ def test_a_large_body_never_blocks_the_event_loop(srv):
     wait_for(lambda: idle(srv), 120, what="idle")
 
 
+@pytest.mark.parametrize("path,fn,body", [
+    ("/tokenize", "_tokenize", {"prompt": "hello world " * 10_000}),
+    ("/detokenize", "_detokenize", {"tokens": [100] * 20_000}),
+], ids=["tokenize", "detokenize"])
+def test_the_tokenizer_endpoints_cannot_hold_up_generation(srv, monkeypatch, path, fn, body):
+    """/tokenize and /detokenize are open without an API key, and a 32 MB body there is
+    half a minute of CPU: it must not delay a generation request's preparation. The
+    tokenizer endpoint's (real) work is held here until the completion is answered; a
+    preparation thread shared by both (the defect) keeps the completion waiting behind
+    it, so its client times out. Both bodies are past OFFLOAD_BYTES (threads, not the
+    event loop)."""
+    serving = srv.app.state.serving
+    started, release = threading.Event(), threading.Event()
+    real = getattr(serving, fn)
+
+    def held(raw: bytes, tok):
+        started.set()
+        release.wait(120)
+        return real(raw, tok)
+
+    monkeypatch.setattr(serving, fn, held)
+    completion = {"prompt": "hi " * 30_000, "max_tokens": 4, "truncate_prompt_tokens": 100}
+    assert len(json.dumps(completion)) >= 64 << 10 and len(json.dumps(body)) >= 64 << 10
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as c:
+            side = asyncio.create_task(c.post(srv.url + path, json=body))
+            assert await asyncio.to_thread(started.wait, 60), "the tokenizer call never started"
+            try:
+                gen = await c.post(srv.url + "/v1/completions", json=completion, timeout=60)
+                side_pending = not side.done()
+            finally:
+                release.set()
+            return gen, side_pending, await side
+    gen, side_pending, side = asyncio.run(scenario())
+    assert gen.status_code == 200 and gen.json()["usage"]["prompt_tokens"] == 100, gen.text
+    assert side_pending and side.status_code == 200, side.text[:300]
+
+
 def _upload(port: int, megabytes: int, chunked: bool) -> tuple[bytes, OSError | None]:
     """Send a request as most HTTP clients do (the whole body, then read the reply);
     return every byte the server sent before it closed, and the error (if any) that
@@ -321,3 +361,116 @@ def test_log_lines_cannot_be_forged(proc_server):
     lines = proc_server.output().splitlines()
     assert not any(line.startswith("INFO 01-01 00:00:00 [pagefleet.api] FORGED") for line in lines)
     assert any("x\\nINFO 01-01" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def narrow(model_dir):
+    """Two sequences at a time and a short queue timeout: a request with n = 4 runs two
+    choices while its other two queue behind them, each wave for well over the timeout
+    (1500 tokens take seconds; the timeout is 0.5 s)."""
+    server = ThreadServer(model_dir, max_num_seqs=2, max_model_len=2048,
+                          queue_timeout=0.5).start()
+    yield server
+    server.stop()
+
+
+WIDE = {"prompt": "hello world", "max_tokens": 1500, "ignore_eos": True, "n": 4}
+
+
+def test_the_queue_timeout_is_the_requests_not_each_choices(narrow):
+    """Choices 2-3 wait for choices 0-1 far longer than --queue-timeout; they are
+    admitted work of a running request, so the request gets all four (was a 503)."""
+    r = post(narrow, "/v1/completions", WIDE)
+    assert r.status_code == 200, r.text[:300]
+    choices = r.json()["choices"]
+    assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
+    assert all(c["finish_reason"] == "length" for c in choices)
+    assert r.json()["usage"]["completion_tokens"] == 4 * 1500
+    wait_for(lambda: idle(narrow), 60, what="idle")
+
+
+def test_a_streamed_wide_request_gets_every_choice_and_no_in_band_error(narrow):
+    """Streamed, the per-choice timeout gave 200, choices 0-1, then an in-band 503."""
+    with httpx.stream("POST", narrow.url + "/v1/completions", json={**WIDE, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    finished = {ch["index"]: ch["finish_reason"] for c in chunks for ch in c["choices"]
+                if ch["finish_reason"]}
+    assert finished == {0: "length", 1: "length", 2: "length", 3: "length"}
+    wait_for(lambda: idle(narrow), 60, what="idle")
+
+
+def test_a_wide_request_none_of_whose_choices_runs_still_times_out_whole(narrow):
+    """The timeout still holds for the request as a whole: behind a request that takes
+    both sequences, n = 3 gets its 503 and none of its choices is left in the queue."""
+    with httpx.Client(timeout=120) as c:
+        with c.stream("POST", narrow.url + "/v1/completions",
+                      json={**STREAM, "max_tokens": 1900, "n": 2}) as blocker:
+            lines = blocker.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            late = c.post(narrow.url + "/v1/completions",
+                          json={"prompt": "x", "max_tokens": 2, "n": 3})
+            assert late.status_code == 503, late.text[:300]
+            assert "--queue-timeout" in late.json()["error"]["message"]
+    wait_for(lambda: idle(narrow), 60, what="idle with every block back")
+
+
+PARTIAL = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 5000\r\n\r\n" + b'{"prompt": "hel')
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket's timeout bounds it)."""
+    data = b""
+    while part := sock.recv(1 << 16):
+        data += part
+    return data
+
+
+def test_a_body_that_never_finishes_gets_a_408_and_the_close(model_dir):
+    """Slowloris on the body: headers and part of the body, then nothing. The request
+    gets a 408 in the OpenAI shape once --request-body-timeout passes, and the server
+    closes the connection (it stayed open for good)."""
+    server = ThreadServer(model_dir, max_model_len=256, request_body_timeout=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            sock.sendall(PARTIAL)
+            data = _reply(sock)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), data[:300]
+        err = json.loads(body)["error"]
+        assert err["code"] == 408 and err["type"] == "RequestTimeoutError"
+        assert "--request-body-timeout" in err["message"]
+        ok = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_sigterm_answers_a_body_still_arriving_without_a_traceback(model_dir, tmp_path):
+    """On SIGTERM a connection stuck mid-body gets a 503 at once and the server exits 0;
+    it used to hold the shutdown for uvicorn's graceful timeout and then log a
+    CancelledError traceback from the body read."""
+    s = SubprocessServer([str(model_dir), "--max-model-len", "256",
+                          "--kv-cache-memory", str(16 << 20)], tmp_path / "serve.log").wait_ready()
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+            sock.sendall(PARTIAL)
+            # Whether the body read began before the signal or after it (the server
+            # still reads requests while it drains), the answer is the same.
+            assert post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+            s.terminate()
+            data = _reply(sock)
+        assert data.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in data.lower(), data[:300]
+        assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == 503
+        assert s.proc.wait(60) == 0, s.output()
+        out = s.output()
+        assert "Traceback" not in out and "CancelledError" not in out and "ERROR" not in out, \
+            out[-3000:]
+    finally:
+        s.close()

@@ -140,8 +140,9 @@ def test_missing_local_dir_and_help():
     assert proc.returncode != 0 and "no such directory" in proc.stderr
     help_text = subprocess.run([PAGEFLEET, "serve", "--help"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
-    for flag in ("--max-num-queued-requests", "--queue-timeout", "--shutdown-timeout",
-                 "--kv-cache-memory", "--api-key", "--served-model-name", "--config"):
+    for flag in ("--max-num-queued-requests", "--queue-timeout", "--request-body-timeout",
+                 "--shutdown-timeout", "--kv-cache-memory", "--api-key", "--served-model-name",
+                 "--config"):
         assert flag in help_text
 
 

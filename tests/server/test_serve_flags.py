@@ -15,6 +15,7 @@ from pagefleet.server.config import KEEP_ALIVE_TIMEOUT_S, ConfigError
     (["--max-num-queued-requests", "0"], "--max-num-queued-requests", "must be >= 1"),
     (["--max-request-body-bytes", "0"], "--max-request-body-bytes", "must be >= 1"),
     (["--queue-timeout", "0"], "--queue-timeout", "must be > 0"),
+    (["--request-body-timeout", "0"], "--request-body-timeout", "must be > 0"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout", "must be >= 0"),
     (["--max-log-len", "-1"], "--max-log-len", "must be >= 0"),
     (["--log-stats-interval", "0"], "--log-stats-interval", "must be > 0"),
