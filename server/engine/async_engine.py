@@ -148,10 +148,13 @@ class RequestStream:
         self._dirty = True
 
     def take(self) -> RequestOutput | None:
-        """Everything new since the last take (None if nothing); raises the error."""
-        if self.error is not None:
-            raise self.error
+        """Everything new since the last take (None if nothing); then raises the error.
+        Text produced before a failure is handed out first: a stream that fails after
+        tokens (a grammar's dead end, the engine dying) shows what it had, then the error,
+        however the core's messages happened to batch them."""
         if not self._dirty:
+            if self.error is not None:
+                raise self.error
             return None
         last = self._last
         c = last.outputs[0]

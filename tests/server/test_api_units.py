@@ -76,3 +76,20 @@ def test_model_resolution(tmp_path):
     assert resolve_model(str(tmp_path / "m")) == tmp_path / "m"
     with pytest.raises(ModelNotFoundError, match="no such directory"):
         resolve_model(str(tmp_path / "nope" / "deeper"))
+
+
+def test_a_failed_stream_hands_out_its_text_before_the_error():
+    """Tokens and a failure that reach the API in one core message: the text first,
+    then the error (the stream's client saw the failure but lost the last tokens)."""
+    import asyncio
+
+    from pagefleet.server.engine.async_engine import RequestStream
+    from pagefleet.server.engine.outputs import CompletionOutput, RequestOutput
+
+    stream = RequestStream("r", 0.0, asyncio.Event())
+    stream.push(RequestOutput("r", None, [1], [CompletionOutput(0, "ab", [7, 8])], False))
+    stream.error = ValueError("dead end")
+    out = stream.take()
+    assert out is not None and out.outputs[0].text == "ab"
+    with pytest.raises(ValueError, match="dead end"):
+        stream.take()
