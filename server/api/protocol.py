@@ -96,12 +96,12 @@ class _SamplingFields(_Base):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
-    # vLLM sampling fields this server cannot honour: declared so that setting one is a
-    # 400 naming it (UNHONOURED_FIELDS), never a 200 that ignores it.
     # vLLM's: sampling keeps only these tokens (ids checked against the vocabulary by the
     # engine's limits).
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1,
                                                     max_length=MAX_ALLOWED_TOKEN_IDS)
+    # vLLM sampling fields this server cannot honour: declared so that setting one is a
+    # 400 naming it (UNHONOURED_FIELDS), never a 200 that ignores it.
     bad_words: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
