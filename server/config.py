@@ -275,7 +275,8 @@ class ServerConfig:
     override_generation_config: str | None = opt(None, "JSON object of sampling defaults "
                                                  "that override the generation config's.")
     api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' on /v1/* "
-                              "(also read from PAGEFLEET_API_KEY).")
+                              "(without the flag: PAGEFLEET_API_KEY, then vLLM's "
+                              "VLLM_API_KEY).")
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
                                     "overrides the tokenizer's.")
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")

@@ -120,6 +120,26 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
         srv.close()
 
 
+def test_vllm_api_key_variable_is_read(tmp_path):
+    """A deployment migrated from vLLM that injects its key as VLLM_API_KEY keeps its
+    authentication (it was ignored: the server answered without a key); the log names
+    the source but never the key."""
+    srv = SubprocessServer(["--max-model-len", "128", "--kv-cache-memory", str(16 << 20)],
+                           tmp_path / "key.log",
+                           env={"VLLM_API_KEY": "sk-from-env", "PAGEFLEET_API_KEY": ""}
+                           ).wait_ready()
+    try:
+        body = {"prompt": "hi", "max_tokens": 1}
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=60).status_code == 401
+        ok = httpx.post(srv.url + "/v1/completions", json=body, timeout=60,
+                        headers={"Authorization": "Bearer sk-from-env"})
+        assert ok.status_code == 200, ok.text
+        out = srv.output()
+        assert "API key required, from VLLM_API_KEY" in out and "sk-from-env" not in out
+    finally:
+        srv.close()
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
     ({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:{closed}"}, "could not be reached"),

@@ -33,3 +33,21 @@ def test_defaults_pass_and_keep_alive_outlives_the_usual_proxies() -> None:
     assert server.timeout_keep_alive == KEEP_ALIVE_TIMEOUT_S > 60
     _, server, _ = build_configs(["some/model", "--timeout-keep-alive", "120"])
     assert server.timeout_keep_alive == 120
+
+
+# -- vLLM launch lines and config files ----------------------------------------------------------
+# A vLLM user's launch line or config file must start pagefleet with the same settings,
+# or stop it with one line that names the flag and why; never a traceback, a 50-line
+# usage block, or a setting silently read otherwise (review: /tmp/review/cli, 3/6/7/9/10).
+
+def test_api_key_falls_back_to_vllms_variable() -> None:
+    """The flag, then PAGEFLEET_API_KEY, then VLLM_API_KEY (a vLLM deployment injects
+    its key there; ignoring it served without authentication)."""
+    from pagefleet.server.api.serve import resolve_api_key
+
+    both = {"PAGEFLEET_API_KEY": "ours", "VLLM_API_KEY": "theirs"}
+    assert resolve_api_key("flag", both) == ("flag", "--api-key")
+    assert resolve_api_key(None, both) == ("ours", "PAGEFLEET_API_KEY")
+    assert resolve_api_key(None, {"VLLM_API_KEY": "theirs"}) == ("theirs", "VLLM_API_KEY")
+    assert resolve_api_key(None, {"PAGEFLEET_API_KEY": "", "VLLM_API_KEY": "v"}) == ("v", "VLLM_API_KEY")
+    assert resolve_api_key(None, {}) == (None, None)
