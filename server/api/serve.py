@@ -121,6 +121,12 @@ def resolve_api_key(flag: str | None, env: Mapping[str, str]) -> tuple[str | Non
     return None, None
 
 
+def http_url(host: str, port: int) -> str:
+    """The URL of (host, port) as a client writes it: an IPv6 address in brackets
+    (`http://[::]:8000`; `http://:::8000` is no URL)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port), as uvicorn would bind it (SO_REUSEADDR,
     IPv6 when the host is an IPv6 address); raises OSError if it cannot."""
@@ -145,8 +151,8 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
               f"{e.strerror or e} (--host/--port)", file=sys.stderr)
         return 1
     server_cfg.port = sock.getsockname()[1]
-    log.info("listening on http://%s:%d; requests are answered once the engine is up",
-             server_cfg.host, server_cfg.port)
+    log.info("listening on %s; requests are answered once the engine is up",
+             http_url(server_cfg.host, server_cfg.port))
     try:
         return _run_serve(engine_cfg, server_cfg, notices, sock)
     finally:
@@ -224,7 +230,7 @@ def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: s
         server.should_exit = True
 
     async_engine.on_dead = on_dead
-    log.info("starting on http://%s:%d (API key %s)", server_cfg.host, server_cfg.port,
+    log.info("starting on %s (API key %s)", http_url(server_cfg.host, server_cfg.port),
              f"required, from {key_source}" if api_key else "not required")
     try:
         server.run(sockets=[sock])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -138,6 +139,21 @@ def test_vllm_api_key_variable_is_read(tmp_path):
         assert "API key required, from VLLM_API_KEY" in out and "sk-from-env" not in out
     finally:
         srv.close()
+
+
+def test_ipv6_host_is_logged_in_brackets():
+    """`--host ::1` logs a URL a client can use (it was http://::1:PORT)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir", "--host", "::1", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no such directory" in proc.stderr
+    assert re.search(r"listening on http://\[::1\]:\d+;", proc.stderr), proc.stderr
 
 
 @pytest.mark.parametrize("env,needle", [

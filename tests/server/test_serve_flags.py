@@ -51,3 +51,11 @@ def test_api_key_falls_back_to_vllms_variable() -> None:
     assert resolve_api_key(None, {"VLLM_API_KEY": "theirs"}) == ("theirs", "VLLM_API_KEY")
     assert resolve_api_key(None, {"PAGEFLEET_API_KEY": "", "VLLM_API_KEY": "v"}) == ("v", "VLLM_API_KEY")
     assert resolve_api_key(None, {}) == (None, None)
+
+
+def test_ipv6_hosts_are_logged_as_urls() -> None:
+    from pagefleet.server.api.serve import http_url
+
+    assert http_url("::", 8000) == "http://[::]:8000"
+    assert http_url("::1", 1) == "http://[::1]:1"
+    assert http_url("0.0.0.0", 8000) == "http://0.0.0.0:8000"
