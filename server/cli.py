@@ -1,7 +1,9 @@
 """`pagefleet` entry point: serve | gateway | bench serve | operator | crd.
 
 Flags come from the config dataclasses (server/config.py), so `pagefleet serve --help`
-is generated from the same place the YAML config and the operator read. Heavy imports
+is generated from the same place the YAML config and the operator read. vLLM's
+spellings (aliases, ignored and refused flags, `--flag false`) are rewritten by
+`normalize_flags`, from the tables in config.py. Heavy imports
 (torch, kopf) happen inside the subcommand that needs them: the operator image has no
 torch.
 """
@@ -10,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from pagefleet.server.config import (
     FLAG_ALIASES,
     IGNORED_FLAGS,
+    IGNORED_ONLY_WITH,
+    UNSUPPORTED_FLAGS,
     ConfigError,
     EngineConfig,
     ServerConfig,
@@ -22,6 +26,15 @@ from pagefleet.server.config import (
     config_fields,
     flag_name,
 )
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse with a short refusal: its usual usage block lists every flag (about 50
+    lines for `serve`), burying the one line that says what was wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n"
+                     f"('{self.prog} --help' lists the flags)\n")
 
 
 def machine_defaults() -> dict[str, str]:
@@ -66,7 +79,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
 
 def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
     """The serve flags; `help_text` resolves the by-device defaults for --help."""
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="pagefleet serve", allow_abbrev=False,
         description="Serve a model behind an OpenAI-compatible API. Flags match vLLM's.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
@@ -82,7 +95,7 @@ def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
 def gateway_parser() -> argparse.ArgumentParser:
     from pagefleet.server.gateway.config import GatewayConfig
 
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="pagefleet gateway", allow_abbrev=False,
         description="One OpenAI-compatible endpoint for every model: prefix-affinity "
                     "routing with bounded load, long/short pools, admission, weighted "
@@ -97,7 +110,9 @@ def build_gateway_config(argv: list[str]):
     """Parse `gateway` argv into a validated GatewayConfig: defaults < YAML < flags."""
     from pagefleet.server.gateway.config import GatewayConfig
 
-    ns = vars(gateway_parser().parse_args(argv))
+    parser = gateway_parser()
+    argv, _ = normalize_flags(argv, parser, vllm=False)
+    ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     if ns.get("config"):
         values.update(load_yaml_config(ns["config"]))
@@ -111,22 +126,76 @@ def build_gateway_config(argv: list[str]):
     return cfg
 
 
-def strip_ignored_flags(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Drop flags older vLLM took and that mean nothing here; return (argv, notices)."""
-    out, notices, i = [], [], 0
+_BOOL_WORDS = {"true": True, "false": False}
+
+
+def normalize_flags(argv: list[str], parser: argparse.ArgumentParser, *,
+                    vllm: bool = True) -> tuple[list[str], list[str]]:
+    """Rewrite argv into what `parser` takes; return (argv, notices).
+
+    Why before argparse: these are vLLM spellings, not settings of ours; argparse would
+    refuse them with its usage block.
+    - `--FLAG=true|false` and `--FLAG true|false` on a boolean flag (older vLLM took a
+      value: `--enable-chunked-prefill False`) become `--FLAG` / `--no-FLAG`; any other
+      `=value` is an error naming the flag. A following word is taken only if it is
+      true or false, so `--enforce-eager ./model` keeps its positional model.
+    With `vllm` (the server; the gateway has no vLLM heritage):
+    - FLAG_ALIASES are renamed; IGNORED_FLAGS are dropped with their values and a
+      notice (IGNORED_ONLY_WITH refuses the values that would change outputs);
+      UNSUPPORTED_FLAGS are a ConfigError saying why."""
+    bools: dict[str, tuple[str, bool]] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse.BooleanOptionalAction):
+            positive = action.option_strings[0]
+            for option in action.option_strings:
+                bools[option] = (positive, option == positive)
+    out: list[str] = []
+    notices: list[str] = []
+    i = 0
     while i < len(argv):
-        name = argv[i].split("=", 1)[0]
-        if name in FLAG_ALIASES:
-            alias = FLAG_ALIASES[name]
-            argv = argv[:i] + [alias + argv[i][len(name):]] + argv[i + 1:]
-            name = alias
-        if name in IGNORED_FLAGS:
-            takes = IGNORED_FLAGS[name] if "=" not in argv[i] else 0
-            notices.append(f"{name} is accepted for vLLM compatibility and has no effect here")
-            i += 1 + takes
-            continue
-        out.append(argv[i])
+        tok = argv[i]
         i += 1
+        if tok == "--":                       # the rest are positionals, as in argparse
+            out += argv[i - 1:]
+            break
+        if not tok.startswith("-"):
+            out.append(tok)
+            continue
+        name, eq, value = tok.partition("=")
+        if vllm and name in FLAG_ALIASES:
+            name = FLAG_ALIASES[name]
+            tok = name + eq + value
+        if vllm and name in UNSUPPORTED_FLAGS:
+            raise ConfigError(f"{name}: {UNSUPPORTED_FLAGS[name]}")
+        if vllm and name in IGNORED_FLAGS:
+            if IGNORED_FLAGS[name] and not eq:
+                if i >= len(argv) or argv[i].startswith("--"):
+                    raise ConfigError(f"{name}: expected a value")
+                value = argv[i]
+                i += 1
+            if name in IGNORED_ONLY_WITH:
+                ok, why = IGNORED_ONLY_WITH[name]
+                if value not in ok:
+                    raise ConfigError(f"{name} {value}: not supported: {why} (accepted and "
+                                      f"ignored: {', '.join(ok)})")
+            notices.append(f"{name} is accepted for vLLM compatibility and has no effect here")
+            continue
+        if name in bools:
+            positive, is_positive = bools[name]
+            if eq:
+                given = _BOOL_WORDS.get(value.lower())
+                if given is None:
+                    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+            elif i < len(argv) and argv[i].lower() in _BOOL_WORDS:
+                given = _BOOL_WORDS[argv[i].lower()]
+                i += 1
+            else:
+                out.append(tok)
+                continue
+            on = given if is_positive else not given
+            out.append(positive if on else "--no-" + positive[2:])
+            continue
+        out.append(tok)
     return out, notices
 
 
@@ -142,8 +211,9 @@ def load_yaml_config(path: str) -> dict[str, Any]:
 
 def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str]]:
     """Parse `serve` argv into validated configs: defaults < YAML file < flags."""
-    argv, notices = strip_ignored_flags(argv)
-    ns = vars(serve_parser(help_text=any(a in ("-h", "--help") for a in argv)).parse_args(argv))
+    parser = serve_parser(help_text=any(a in ("-h", "--help") for a in argv))
+    argv, notices = normalize_flags(argv, parser)
+    ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     if ns.get("config"):
         values.update(load_yaml_config(ns["config"]))

@@ -29,7 +29,7 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
         metavar: str | None = None) -> Any:
     """A dataclass field that carries its CLI help (and optional flag/choices)."""
-    meta = {"help": help}
+    meta: dict[str, Any] = {"help": help}
     if flag:
         meta["flag"] = flag
     if choices:
@@ -289,6 +289,8 @@ class ServerConfig:
     queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
                                       "scheduled; past it the request gets 503.")
     shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")
+    disable_fastapi_docs: bool = opt(False, "Do not serve /docs, /redoc and /openapi.json "
+                                     "(vLLM's flag; they are open without an API key).")
     enable_log_requests: bool = opt(False, "Log prompts and outputs (truncated to --max-log-len).")
     max_log_len: int = opt(200, "Characters of prompt/output logged with --enable-log-requests.")
     log_stats_interval: float = opt(10.0, "Seconds between throughput/queue/KV log lines.")
@@ -311,23 +313,89 @@ class ServerConfig:
         need(self.timeout_keep_alive > 0, "timeout-keep-alive", "must be > 0")
 
 
-# Flags that older vLLM releases took and that mean nothing here: accepted with a notice.
+# vLLM flags handled before the parser (cli.normalize_flags), on the command line and in
+# --config files alike, so launch lines and config files written for vLLM keep working
+# and `--help` can list them (cli.serve_parser's epilog).
+
 # Older spellings vLLM users still type, mapped to ours.
 FLAG_ALIASES: dict[str, str] = {
     "--disable-prefix-caching": "--no-enable-prefix-caching",
+    "--kv-cache-memory-bytes": "--kv-cache-memory",
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
 }
 
+# Flags vLLM takes (or older releases took) that change nothing here but speed, memory
+# or logging: accepted with a one-line notice. The value is how many arguments follow.
+# Ignoring one is only right where pagefleet already gives what the flag asks for, or
+# the flag cannot change a response: a value that would change outputs is refused
+# (IGNORED_ONLY_WITH), never dropped.
 IGNORED_FLAGS: dict[str, int] = {
     "--disable-log-requests": 0,
-    "--trust-remote-code": 0,
+    "--trust-remote-code": 0,        # only model code from the Hub needs it; none runs here
     "--disable-log-stats": 0,
     "--swap-space": 1,
     "--worker-use-ray": 0,
     "--engine-use-ray": 0,
     "--disable-custom-all-reduce": 0,
     "--uvicorn-log-level-access": 1,
+    "--max-parallel-loading-workers": 1,
+    "--use-v2-block-manager": 0,
+    "--num-scheduler-steps": 1,      # vLLM 0.6 multi-step decoding: speed only
+    "--disable-frontend-multiprocessing": 0,
+    "--max-seq-len-to-capture": 1,   # CUDA graph capture bound: speed only
+    # pagefleet never runs sliding-window attention: --max-model-len is capped at the
+    # window, which is what this flag asks vLLM for.
+    "--disable-sliding-window": 0,
+    "--tokenizer-mode": 1,
+    "--preemption-mode": 1,
+    "--load-format": 1,
+}
+
+# Ignored flags whose other values would change what the server answers: those values
+# are refused with the reason, since ignoring them would silently change results.
+IGNORED_ONLY_WITH: dict[str, tuple[tuple[str, ...], str]] = {
+    "--tokenizer-mode": (
+        ("auto", "hf"),
+        "pagefleet always tokenizes with the model's Hugging Face fast tokenizer "
+        "(tokenizer.json: what auto and hf pick); a slow, mistral or custom tokenizer "
+        "can split text differently, so the outputs would change"),
+    "--preemption-mode": (
+        ("recompute", "swap"),
+        "vLLM takes recompute or swap; pagefleet always preempts by recomputing, as "
+        "vLLM V1 does: a preempted request keeps its tokens and resumes later"),
+    "--load-format": (
+        ("auto", "safetensors"),
+        "pagefleet loads safetensors checkpoints only; other formats (and 'dummy', "
+        "random weights) would load something else or nothing"),
+}
+
+# vLLM flags that ask for something pagefleet does not do: a one-line error naming the
+# flag and what to do instead (not argparse's usage block), since ignoring them would
+# leave the user believing it is done.
+UNSUPPORTED_FLAGS: dict[str, str] = {
+    "--download-dir": "not supported: Hub models go to the Hugging Face cache; set "
+                      "HF_HOME or HF_HUB_CACHE to choose where, or pass a local directory",
+    "--ssl-keyfile": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                     "ingress, load balancer or proxy in front of it",
+    "--ssl-certfile": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                      "ingress, load balancer or proxy in front of it",
+    "--ssl-ca-certs": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                      "ingress, load balancer or proxy in front of it",
+    "--root-path": "not supported: the API is served at /; have the proxy in front strip "
+                   "the path prefix",
+    "--enable-lora": "not supported: LoRA adapters are not served; merge the adapter into "
+                     "the weights and serve the merged model",
+    "--lora-modules": "not supported: LoRA adapters are not served; merge the adapter into "
+                      "the weights and serve the merged model",
+    "--speculative-config": "not supported: speculative decoding is not implemented",
+    "--speculative-model": "not supported: speculative decoding is not implemented",
+    "--rope-scaling": "not supported: it changes the model; set rope_scaling in the "
+                      "model's config.json instead",
+    "--hf-overrides": "not supported: it changes the model; edit the model's config.json "
+                      "instead",
+    "--allowed-origins": "not supported: no CORS headers are sent; add them at the proxy "
+                         "in front",
 }
 
 

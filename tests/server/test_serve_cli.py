@@ -141,6 +141,19 @@ def test_vllm_api_key_variable_is_read(tmp_path):
         srv.close()
 
 
+def test_vllm_disable_fastapi_docs_flag(tmp_path):
+    """vLLM's --disable-fastapi-docs takes the unauthenticated /docs, /redoc and
+    /openapi.json down (it was refused as an unknown flag)."""
+    srv = SubprocessServer(["--max-model-len", "128", "--kv-cache-memory", str(16 << 20),
+                            "--disable-fastapi-docs"], tmp_path / "docs.log").wait_ready()
+    try:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert httpx.get(srv.url + path, timeout=30).status_code == 404, path
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        srv.close()
+
+
 def test_ipv6_host_is_logged_in_brackets():
     """`--host ::1` logs a URL a client can use (it was http://::1:PORT)."""
     if not socket.has_ipv6:

@@ -59,3 +59,64 @@ def test_ipv6_hosts_are_logged_as_urls() -> None:
     assert http_url("::", 8000) == "http://[::]:8000"
     assert http_url("::1", 1) == "http://[::1]:1"
     assert http_url("0.0.0.0", 8000) == "http://0.0.0.0:8000"
+
+
+IGNORED_VLLM_LINES = [
+    ["--max-parallel-loading-workers", "4"], ["--use-v2-block-manager"],
+    ["--num-scheduler-steps", "8"], ["--disable-frontend-multiprocessing"],
+    ["--tokenizer-mode", "auto"], ["--tokenizer-mode=hf"], ["--max-seq-len-to-capture", "8192"],
+    ["--preemption-mode", "recompute"], ["--preemption-mode", "swap"],
+    ["--disable-sliding-window"], ["--load-format", "safetensors"],
+]
+
+
+@pytest.mark.parametrize("extra", IGNORED_VLLM_LINES)
+def test_vllm_flags_that_change_nothing_here_get_a_notice(extra: list[str]) -> None:
+    engine, server, notices = build_configs(["m", *extra, "--max-model-len", "64"])
+    assert notices == [f"{extra[0].split('=')[0]} is accepted for vLLM compatibility and "
+                       "has no effect here"]
+    assert engine.model == "m" and engine.max_model_len == 64
+
+
+@pytest.mark.parametrize("extra,flag,why", [
+    (["--tokenizer-mode", "slow"], "--tokenizer-mode slow", "split text differently"),
+    (["--tokenizer-mode=mistral"], "--tokenizer-mode mistral", "split text differently"),
+    (["--load-format", "dummy"], "--load-format dummy", "safetensors checkpoints only"),
+    (["--preemption-mode", "swapp"], "--preemption-mode swapp", "recompute or swap"),
+    (["--download-dir", "/d"], "--download-dir", "HF_HOME"),
+    (["--ssl-keyfile", "k.pem"], "--ssl-keyfile", "terminate TLS"),
+    (["--ssl-certfile=c.pem"], "--ssl-certfile", "terminate TLS"),
+    (["--root-path", "/v"], "--root-path", "strip the path prefix"),
+    (["--max-num-seqs", "4", "--swap-space"], "--swap-space", "expected a value"),
+])
+def test_vllm_flags_we_do_not_honour_are_refused_in_one_line(extra: list[str], flag: str,
+                                                             why: str) -> None:
+    """A value that would change outputs (a slow tokenizer, dummy weights) or a feature
+    we lack (TLS, a root path) is an error naming it, not a notice."""
+    with pytest.raises(ConfigError) as e:
+        build_configs(["m", *extra])
+    assert str(e.value).startswith(f"{flag}: ") and why in str(e.value)
+
+
+@pytest.mark.parametrize("extra,prefix,chunked", [
+    (["--enable-chunked-prefill", "False"], True, False),
+    (["--enable-chunked-prefill=true", "--enable-prefix-caching=FALSE"], False, True),
+    (["--no-enable-prefix-caching", "false"], True, True),
+    (["--disable-prefix-caching"], False, True),
+    (["--disable-prefix-caching=false"], True, True),
+])
+def test_boolean_flags_take_older_vllms_values(extra: list[str], prefix: bool,
+                                               chunked: bool) -> None:
+    engine, _, _ = build_configs(["m", *extra, "--max-num-batched-tokens", "65536"])
+    assert (engine.enable_prefix_caching, engine.enable_chunked_prefill) == (prefix, chunked)
+    engine, _, _ = build_configs(["--enforce-eager", "./model"])   # a model, not a value
+    assert engine.enforce_eager and engine.model == "./model"
+    with pytest.raises(ConfigError, match="--enforce-eager: expected true or false, got 'yes'"):
+        build_configs(["m", "--enforce-eager=yes"])
+
+
+def test_vllm_docs_flag_is_honoured() -> None:
+    _, server, notices = build_configs(["m", "--disable-fastapi-docs"])
+    assert server.disable_fastapi_docs and not notices
+    _, server, _ = build_configs(["m"])
+    assert not server.disable_fastapi_docs
