@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any, NoReturn
 
 from pagefleet.server.config import (
@@ -77,10 +78,44 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
         group.add_argument(flag_name(f), **kwargs)
 
 
+def _compat_epilog(parser: argparse.ArgumentParser) -> str:
+    """The vLLM spellings `normalize_flags` handles before argparse, for `--help`: they
+    are no parser options, so argparse would not list them, and `--help` is the
+    reference."""
+    wrap = textwrap.TextWrapper(width=88, initial_indent="    ", subsequent_indent="      ",
+                               break_on_hyphens=False, break_long_words=False)
+    nargs = {o: a for a in parser._actions for o in a.option_strings}
+
+    def arg(flag: str) -> str:
+        action = nargs.get(flag)
+        takes = action is not None and not isinstance(action, argparse.BooleanOptionalAction)
+        return f"{flag} N" if takes else flag
+
+    lines = ["vLLM compatibility:",
+             "  boolean flags also take a value, as older vLLM's did: "
+             "--enable-chunked-prefill False,", "  --enable-prefix-caching=true",
+             "  aliases:"]
+    for alias, target in FLAG_ALIASES.items():
+        suffix = arg(target)[len(target):]
+        lines.append(f"    {alias + suffix:30} same as {target + suffix}")
+    lines.append("  accepted for vLLM compatibility, ignored (one notice line at startup):")
+    lines.append(wrap.fill(", ".join(f"{flag}{' N' if takes else ''}"
+                                     for flag, takes in IGNORED_FLAGS.items()
+                                     if flag not in IGNORED_ONLY_WITH)))
+    lines.append(wrap.fill(", ".join(f"{flag} {'|'.join(ok)}"
+                                     for flag, (ok, _) in IGNORED_ONLY_WITH.items())
+                           + " (other values are refused, with the reason)"))
+    lines.append("  refused, with the reason (vLLM features pagefleet does not have):")
+    lines += [wrap.fill(f"{flag}: {why.removeprefix('not supported: ')}")
+              for flag, why in UNSUPPORTED_FLAGS.items()]
+    return "\n".join(lines)
+
+
 def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
     """The serve flags; `help_text` resolves the by-device defaults for --help."""
     p = FlagParser(
         prog="pagefleet serve", allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a model behind an OpenAI-compatible API. Flags match vLLM's.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="Local HF model directory or Hugging Face repo id. "
@@ -89,6 +124,7 @@ def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
                    "(dashes or underscores); flags on the command line win.")
     add_config_flags(p, EngineConfig, here=machine_defaults() if help_text else None)
     add_config_flags(p, ServerConfig)
+    p.epilog = _compat_epilog(p)
     return p
 
 

@@ -120,3 +120,16 @@ def test_vllm_docs_flag_is_honoured() -> None:
     assert server.disable_fastapi_docs and not notices
     _, server, _ = build_configs(["m"])
     assert not server.disable_fastapi_docs
+
+
+def test_help_lists_aliases_ignored_and_refused_vllm_flags() -> None:
+    """--help is the reference: every vLLM spelling the server takes or refuses is in it."""
+    from pagefleet.server.cli import serve_parser
+    from pagefleet.server.config import FLAG_ALIASES, IGNORED_FLAGS, UNSUPPORTED_FLAGS
+
+    text = serve_parser().format_help()
+    for flag in (*FLAG_ALIASES, *IGNORED_FLAGS, *UNSUPPORTED_FLAGS):
+        assert flag in text, flag
+    assert "-tp N                          same as --tensor-parallel-size N" in text
+    assert "--disable-prefix-caching       same as --no-enable-prefix-caching" in text
+    assert "--tokenizer-mode auto|hf" in text and "--max-model-len" in text
