@@ -26,6 +26,7 @@ from pagefleet.server.config import (
     base_type,
     config_fields,
     flag_name,
+    human_readable_int,
 )
 
 
@@ -62,15 +63,18 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
             continue
         kind = base_type(tp)
         default = here.get(f.name, f.default)
+        text = f.metadata["help"]
+        if f.metadata.get("human"):
+            text += " Takes vLLM's suffixes: 32k = 32,000, 32K = 32,768 (k/m/g/t, K/M/G/T)."
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                                  "help": f.metadata["help"] + f" (default: {default})"}
+                                  "help": text + f" (default: {default})"}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif getattr(kind, "__origin__", None) is list:
             kwargs["type"] = str
             kwargs["nargs"] = "+"
         else:
-            kwargs["type"] = kind
+            kwargs["type"] = human_readable_int if f.metadata.get("human") else kind
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
         if "metavar" in f.metadata:

@@ -9,7 +9,9 @@ This module must stay importable without torch: the operator image imports it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
@@ -27,8 +29,13 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-        metavar: str | None = None) -> Any:
-    """A dataclass field that carries its CLI help (and optional flag/choices)."""
+        metavar: str | None = None, human: bool = False) -> Any:
+    """A dataclass field that carries its CLI help (and optional flag/choices).
+
+    `human`: an integer flag that also takes vLLM's k/m/g/t and K/M/G/T suffixes
+    (`human_readable_int`), as vLLM's token-count and byte-count flags do. The flag's
+    --help says so (cli.add_config_flags), the help text here does not: the CRD
+    quotes it for integer fields, which take no suffix."""
     meta: dict[str, Any] = {"help": help}
     if flag:
         meta["flag"] = flag
@@ -36,7 +43,39 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | No
         meta["choices"] = choices
     if metavar:
         meta["metavar"] = metavar
+    if human:
+        meta["human"] = True
     return field(default=default, metadata=meta)
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's rule for its large-integer flags (`--max-model-len 32k`), so a launch line
+    that vLLM takes is taken here with the same number: a lowercase suffix multiplies
+    by 1000s and may follow a decimal (25.6k = 25,600; 1m = 1,000,000), an uppercase one
+    by 1024s and must follow a whole number (32K = 32,768; 1.5K is refused); anything
+    else is a plain integer."""
+    value = value.strip()
+    match = _HUMAN_INT.fullmatch(value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {value!r}: decimals are not allowed with the binary suffix "
+                f"{suffix} (x1024); did you mean {number}{suffix.lower()} (x1000)?")
+        return int(number) * _BINARY[suffix]
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {value!r}: expected a whole number, optionally with a suffix: "
+            "k, m, g, t (x1000) or K, M, G, T (x1024), e.g. 32k or 32K") from None
 
 
 # Longer than the 60 s idle timeout of the usual proxies in front of a server (nginx
@@ -78,14 +117,16 @@ class EngineConfig:
                      "bfloat16.",
                      choices=("auto", "float32", "float16", "bfloat16", "half"))
     max_model_len: int | None = opt(None, "Model context length (prompt + output). "
-                                    "Default: the model config's max_position_embeddings.")
+                                    "Default: the model config's max_position_embeddings.",
+                                    human=True)
     max_num_seqs: int | None = opt(None, "Maximum number of sequences per engine step. "
                                    "Default by device, as vLLM picks: 1024 on GPUs with at "
                                    "least 70 GiB, else 256.")
     max_num_batched_tokens: int | None = opt(
         None, "Maximum number of tokens per engine step. Without chunked prefill it must be "
         ">= max-model-len. Default by use and device, as vLLM picks: the API server takes "
-        "8192 on GPUs with at least 70 GiB and 2048 otherwise; the offline LLM 16384 / 8192.")
+        "8192 on GPUs with at least 70 GiB and 2048 otherwise; the offline LLM 16384 / 8192.",
+        human=True)
     long_prefill_token_threshold: int = opt(0, "Most prompt tokens one request may prefill "
                                             "in a step (0: up to the token budget). Smaller "
                                             "chunks let short requests in sooner.")
@@ -106,7 +147,8 @@ class EngineConfig:
     gpu_memory_utilization: float = opt(0.9, "Fraction of GPU memory the engine may use "
                                         "(weights + activations + KV cache).")
     kv_cache_memory: int | None = opt(None, "KV cache size in bytes per rank (CPU, or to "
-                                      "override GPU sizing). Default on CPU: 512 MiB.")
+                                      "override GPU sizing). Default on CPU: 512 MiB.",
+                                      human=True)
     num_kv_blocks: int | None = opt(None, "Exact number of KV cache blocks (overrides sizing; "
                                     "for tests and experiments).", flag="--num-gpu-blocks-override")
     kv_cache_dtype: str = opt("auto", "KV cache dtype ('auto' = model dtype).",

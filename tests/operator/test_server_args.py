@@ -48,7 +48,8 @@ def test_args_the_server_refuses_are_invalid(extra: list[str], gpus: int, flag: 
     # vLLM launch-line spellings the server takes (ignored flags, older boolean values,
     # k suffixes) are no invalid spec.
     {"model": "x", "engine": {"extraArgs": ["--max-parallel-loading-workers", "4", "--use-v2-block-manager",
-                                            "--enable-chunked-prefill", "False"]}},
+                                            "--enable-chunked-prefill", "False", "--max-model-len", "32k",
+                                            "--max-num-batched-tokens", "32k"]}},
 ])
 def test_args_the_server_accepts_pass(spec: dict[str, Any]) -> None:
     controller.resolve(_body(spec), controller.Settings())

@@ -61,6 +61,27 @@ def test_ipv6_hosts_are_logged_as_urls() -> None:
     assert http_url("0.0.0.0", 8000) == "http://0.0.0.0:8000"
 
 
+@pytest.mark.parametrize("value,tokens", [
+    ("32k", 32_000), ("32K", 32_768), ("25.6k", 25_600), ("1m", 1_000_000), ("1M", 1 << 20),
+    (" 4k ", 4000),
+])
+def test_token_counts_take_vllms_suffixes(value: str, tokens: int) -> None:
+    engine, _, _ = build_configs(["m", "--max-model-len", value,
+                                  "--max-num-batched-tokens", value])
+    assert engine.max_model_len == engine.max_num_batched_tokens == tokens
+
+
+def test_suffix_errors_are_vllms_and_short(capsys: pytest.CaptureFixture[str]) -> None:
+    engine, _, _ = build_configs(["m", "--kv-cache-memory", "512M"])
+    assert engine.kv_cache_memory == 512 << 20
+    for bad, why in (("1.5K", "did you mean 1.5k"), ("32x", "expected a whole number")):
+        with pytest.raises(SystemExit):
+            build_configs(["m", "--max-model-len", bad])
+        err = capsys.readouterr().err
+        assert f"argument --max-model-len: invalid value '{bad}'" in err and why in err
+        assert "usage:" not in err and len(err.splitlines()) == 2, err
+
+
 IGNORED_VLLM_LINES = [
     ["--max-parallel-loading-workers", "4"], ["--use-v2-block-manager"],
     ["--num-scheduler-steps", "8"], ["--disable-frontend-multiprocessing"],
@@ -133,3 +154,4 @@ def test_help_lists_aliases_ignored_and_refused_vllm_flags() -> None:
     assert "-tp N                          same as --tensor-parallel-size N" in text
     assert "--disable-prefix-caching       same as --no-enable-prefix-caching" in text
     assert "--tokenizer-mode auto|hf" in text and "--max-model-len" in text
+    assert "32K = 32,768" in text
