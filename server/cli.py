@@ -1,9 +1,10 @@
 """`pagefleet` entry point: serve | gateway | bench serve | operator | crd.
 
 Flags come from the config dataclasses (server/config.py), so `pagefleet serve --help`
-is generated from the same place the YAML config and the operator read. vLLM's
-spellings (aliases, ignored and refused flags, `--flag false`) are rewritten by
-`normalize_flags`, from the tables in config.py. Heavy imports
+is generated from the same place the YAML config and the operator read. A `--config`
+file is turned into the command line it stands for and parsed by the same parser, and
+vLLM's spellings (aliases, ignored and refused flags, `--flag false`) are rewritten
+for both by `normalize_flags`, from the tables in config.py. Heavy imports
 (torch, kopf) happen inside the subcommand that needs them: the operator image has no
 torch.
 """
@@ -11,6 +12,7 @@ torch.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
 from typing import Any, NoReturn
@@ -95,7 +97,7 @@ def _compat_epilog(parser: argparse.ArgumentParser) -> str:
         takes = action is not None and not isinstance(action, argparse.BooleanOptionalAction)
         return f"{flag} N" if takes else flag
 
-    lines = ["vLLM compatibility:",
+    lines = ["vLLM compatibility (on the command line and in --config files):",
              "  boolean flags also take a value, as older vLLM's did: "
              "--enable-chunked-prefill False,", "  --enable-prefix-caching=true",
              "  aliases:"]
@@ -125,7 +127,8 @@ def serve_parser(help_text: bool = False) -> argparse.ArgumentParser:
                    help="Local HF model directory or Hugging Face repo id. "
                         "Omit to serve the built-in demo model.")
     p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
-                   "(dashes or underscores); flags on the command line win.")
+                   "(dashes or underscores) and the same values, read as the command line "
+                   "reads them; flags on the command line win.")
     add_config_flags(p, EngineConfig, here=machine_defaults() if help_text else None)
     add_config_flags(p, ServerConfig)
     p.epilog = _compat_epilog(p)
@@ -141,7 +144,8 @@ def gateway_parser() -> argparse.ArgumentParser:
                     "routing with bounded load, long/short pools, admission, weighted "
                     "rollouts, scale-from-zero holding. See docs/gateway.md.")
     p.add_argument("--config", default=None, help="YAML file with the same keys as the flags "
-                   "(dashes or underscores); flags on the command line win.")
+                   "(dashes or underscores) and the same values, read as the command line "
+                   "reads them; flags on the command line win.")
     add_config_flags(p, GatewayConfig)
     return p
 
@@ -150,17 +154,7 @@ def build_gateway_config(argv: list[str]):
     """Parse `gateway` argv into a validated GatewayConfig: defaults < YAML < flags."""
     from pagefleet.server.gateway.config import GatewayConfig
 
-    parser = gateway_parser()
-    argv, _ = normalize_flags(argv, parser, vllm=False)
-    ns = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
-    if ns.get("config"):
-        values.update(load_yaml_config(ns["config"]))
-    values.update({k: v for k, v in ns.items() if k != "config"})
-    names = {f.name for f, _ in config_fields(GatewayConfig)}
-    unknown = set(values) - names
-    if unknown:
-        raise ConfigError(f"unknown setting(s) in --config: {', '.join(sorted(unknown))}")
+    values, _ = parse_flags(gateway_parser(), argv, vllm=False)
     cfg = GatewayConfig(**values)
     cfg.validate()
     return cfg
@@ -173,8 +167,8 @@ def normalize_flags(argv: list[str], parser: argparse.ArgumentParser, *,
                     vllm: bool = True) -> tuple[list[str], list[str]]:
     """Rewrite argv into what `parser` takes; return (argv, notices).
 
-    Why before argparse: these are vLLM spellings, not settings of ours; argparse would
-    refuse them with its usage block.
+    Why before argparse: these are vLLM spellings, not settings of ours, and `--config`
+    files go through here too (`config_file_argv`), so both read them alike.
     - `--FLAG=true|false` and `--FLAG true|false` on a boolean flag (older vLLM took a
       value: `--enable-chunked-prefill False`) become `--FLAG` / `--no-FLAG`; any other
       `=value` is an error naming the flag. A following word is taken only if it is
@@ -239,34 +233,107 @@ def normalize_flags(argv: list[str], parser: argparse.ArgumentParser, *,
     return out, notices
 
 
-def load_yaml_config(path: str) -> dict[str, Any]:
+def config_file_argv(path: str, parser: argparse.ArgumentParser, *,
+                     vllm: bool = True) -> list[str]:
+    """A `--config` YAML file as the command line it stands for (vLLM does the same), so
+    a key takes exactly what its flag takes and is converted by the same parser:
+    `max-model-len: "8192"` and `32k` are numbers, `enable-prefix-caching: "false"` is
+    false, vLLM's aliases and ignored flags work, and a bad value is argparse's error
+    naming the flag. true gives `--KEY`, false `--KEY=false` (`normalize_flags` makes
+    that `--no-KEY`), a list the flag's values, a mapping its JSON; null keeps the
+    default. Keys are flag names, dashes or underscores (field names such as
+    num_kv_blocks also work)."""
     import yaml
 
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML: {e}") from None
+    data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    options = parser._option_string_actions
+    by_dest = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    known = set(options)
+    if vllm:
+        known |= set(FLAG_ALIASES) | set(IGNORED_FLAGS) | set(UNSUPPORTED_FLAGS)
+    argv: list[str] = []
+    unknown: list[str] = []
+    for key, value in data.items():
+        key = str(key)
+        flag = key if key.startswith("-") else "--" + key.replace("_", "-")
+        if flag not in known:
+            flag = by_dest.get(key.lstrip("-").replace("-", "_"), flag)
+        if flag not in known or flag in ("--config", "-h", "--help"):
+            unknown.append(key)
+            continue
+        if value is None:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append(flag + "=false")
+        elif isinstance(value, (list, tuple)):
+            action = options.get(flag)
+            if action is None or action.nargs not in ("+", "*"):
+                raise ConfigError(f"--config {path}: {key}: expected one value, not a list")
+            argv += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv.append(f"{flag}={json.dumps(value)}")
+        else:
+            argv.append(f"{flag}={value}")
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown setting(s): {', '.join(unknown)} (the "
+                          "keys are the flag names that --help lists)")
+    return argv
+
+
+def parse_flags(parser: argparse.ArgumentParser, argv: list[str], *,
+                vllm: bool) -> tuple[dict[str, Any], list[str]]:
+    """The settings argv gives (defaults < `--config` file < command line) and the
+    notices for ignored vLLM flags. Only explicitly given flags are in the result (the
+    parser's defaults are SUPPRESS), plus `model_tag` (None when absent) for serve."""
+    kept, notices = normalize_flags(argv, parser, vllm=vllm)
+    given = vars(parser.parse_args(kept))
+    path = given.pop("config", None)
+    values: dict[str, Any] = {}
+    if path:
+        file_argv = config_file_argv(path, parser, vllm=vllm)
+
+        def refuse(message: str) -> NoReturn:
+            raise ConfigError(message)
+
+        own = parser.__dict__.get("error")        # a caller's override, kept
+        parser.error = refuse  # type: ignore[method-assign]
+        try:
+            file_kept, file_notices = normalize_flags(file_argv, parser, vllm=vllm)
+            values = vars(parser.parse_args(file_kept))
+        except ConfigError as e:
+            raise ConfigError(f"--config {path}: {e}") from None
+        finally:
+            if own is None:
+                del parser.error
+            else:
+                parser.error = own  # type: ignore[method-assign]
+        values.pop("config", None)
+        values.pop("model_tag", None)
+        notices += file_notices
+    values.update(given)
+    return values, notices
 
 
 def build_configs(argv: list[str]) -> tuple[EngineConfig, ServerConfig, list[str]]:
     """Parse `serve` argv into validated configs: defaults < YAML file < flags."""
     parser = serve_parser(help_text=any(a in ("-h", "--help") for a in argv))
-    argv, notices = normalize_flags(argv, parser)
-    ns = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
-    if ns.get("config"):
-        values.update(load_yaml_config(ns["config"]))
-    values.update({k: v for k, v in ns.items() if k not in ("config", "model_tag")})
-    if ns.get("model_tag"):
-        values["model"] = ns["model_tag"]
+    values, notices = parse_flags(parser, argv, vllm=True)
+    model_tag = values.pop("model_tag", None)
+    if model_tag:
+        values["model"] = model_tag
     engine_names = {f.name for f, _ in config_fields(EngineConfig)}
     server_names = {f.name for f, _ in config_fields(ServerConfig)}
-    unknown = set(values) - engine_names - server_names
-    if unknown:
-        raise ConfigError(f"unknown setting(s) in --config: {', '.join(sorted(unknown))}")
-    if isinstance(values.get("served_model_name"), str):   # YAML may give one name
-        values["served_model_name"] = [values["served_model_name"]]
     engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
     server = ServerConfig(**{k: v for k, v in values.items() if k in server_names})
     engine.validate()

@@ -155,3 +155,57 @@ def test_help_lists_aliases_ignored_and_refused_vllm_flags() -> None:
     assert "--disable-prefix-caching       same as --no-enable-prefix-caching" in text
     assert "--tokenizer-mode auto|hf" in text and "--max-model-len" in text
     assert "32K = 32,768" in text
+
+
+def _config(tmp_path, text: str, *argv: str):
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    return build_configs(["--config", str(path), *argv])
+
+
+def test_config_file_takes_what_the_command_line_takes(tmp_path) -> None:
+    engine, server, notices = _config(
+        tmp_path, 'max-model-len: "8192"\nport: "8001"\ngpu-memory-utilization: "0.85"\n'
+                  'enable-prefix-caching: "false"\ndisable-log-requests: true\n'
+                  'trust-remote-code: true\nmax_num_batched_tokens: 16k\n'
+                  'served-model-name: [a, b]\noverride-generation-config: {temperature: 0.5}\n'
+                  'num_kv_blocks: 12\ntokenizer-mode: auto\nenforce-eager: false\n')
+    assert (engine.max_model_len, server.port, engine.gpu_memory_utilization) == (8192, 8001, 0.85)
+    assert engine.enable_prefix_caching is False and engine.enforce_eager is False
+    assert engine.max_num_batched_tokens == 16_000 and engine.num_kv_blocks == 12
+    assert server.served_model_name == ["a", "b"]
+    assert server.override_generation_config == '{"temperature": 0.5}'
+    assert len(notices) == 3 and "--trust-remote-code is accepted" in notices[1]
+    engine, _, _ = _config(tmp_path, "disable-prefix-caching: true\nmax-model-len: 4k\n",
+                           "--max-model-len", "2K")                  # the command line wins
+    assert (engine.enable_prefix_caching, engine.max_model_len) == (False, 2048)
+    engine, server, _ = _config(tmp_path, "served-model-name: one\nmodel: m\nmax-model-len:\n")
+    assert (server.served_model_name, engine.model, engine.max_model_len) == (["one"], "m", None)
+
+
+@pytest.mark.parametrize("text,words", [
+    ('max-model-len: "lots"\n', "argument --max-model-len: invalid value 'lots'"),
+    ("port: 80.5\n", "argument --port: invalid int value: '80.5'"),
+    ('enable-prefix-caching: "maybe"\n', "--enable-prefix-caching: expected true or false"),
+    ("port: [1, 2]\n", "port: expected one value, not a list"),
+    ("download-dir: /d\n", "--download-dir: not supported"),
+    ("tokenizer-mode: slow\n", "--tokenizer-mode slow: not supported"),
+    ("bogus: 1\nmax-model-len: 1\n", "unknown setting(s): bogus"),
+])
+def test_config_file_errors_name_the_file_and_key(tmp_path, text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _config(tmp_path, text)
+    assert str(e.value).startswith(f"--config {tmp_path / 'serve.yaml'}: ") and words in str(e.value)
+
+
+def test_gateway_config_file_is_read_like_its_flags(tmp_path) -> None:
+    from pagefleet.server.cli import build_gateway_config
+
+    path = tmp_path / "gw.yaml"
+    path.write_text('models-file: m.yaml\nport: "9000"\nendpoint-header: "false"\n'
+                    'queue_timeout: "5"\n')
+    cfg = build_gateway_config(["--config", str(path)])
+    assert (cfg.port, cfg.endpoint_header, cfg.queue_timeout) == (9000, False, 5.0)
+    path.write_text("models-file: m.yaml\nretry-after: soon\n")
+    with pytest.raises(ConfigError, match="argument --retry-after: invalid int value"):
+        build_gateway_config(["--config", str(path)])
