@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from pagefleet.server.cli import serve_parser, strip_ignored_flags
-from pagefleet.server.config import EngineConfig, ServerConfig, default_limits
+from pagefleet.server.cli import normalize_flags, serve_parser
+from pagefleet.server.config import ConfigError, EngineConfig, ServerConfig, default_limits
 
 # dest -> why the operator owns it.
 RESERVED: dict[str, str] = {
@@ -48,9 +48,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str]) -> dict[str, Any]:
     """Explicitly given settings only (the parser's defaults are SUPPRESS), after the
-    vLLM-compatibility flags the server ignores are dropped like the server drops them."""
-    kept, _ = strip_ignored_flags(list(argv))
-    ns = vars(_parser().parse_args(kept))
+    vLLM spellings are rewritten as the server rewrites them (`cli.normalize_flags`:
+    aliases, `--flag=false`, ignored flags dropped; a refused vLLM flag is an
+    ArgsError with the server's reason)."""
+    p = _parser()
+    try:
+        kept, _ = normalize_flags(list(argv), p)
+    except ConfigError as e:
+        raise ArgsError(str(e)) from None
+    ns = vars(p.parse_args(kept))
     # The positional model and --config default to None rather than SUPPRESS.
     return {k: v for k, v in ns.items() if not (k in ("model_tag", "config") and v is None)}
 

@@ -9,7 +9,9 @@ This module must stay importable without torch: the operator image imports it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
@@ -27,16 +29,53 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-        metavar: str | None = None) -> Any:
-    """A dataclass field that carries its CLI help (and optional flag/choices)."""
-    meta = {"help": help}
+        metavar: str | None = None, human: bool = False) -> Any:
+    """A dataclass field that carries its CLI help (and optional flag/choices).
+
+    `human`: an integer flag that also takes vLLM's k/m/g/t and K/M/G/T suffixes
+    (`human_readable_int`), as vLLM's token-count and byte-count flags do. The flag's
+    --help says so (cli.add_config_flags), the help text here does not: the CRD
+    quotes it for integer fields, which take no suffix."""
+    meta: dict[str, Any] = {"help": help}
     if flag:
         meta["flag"] = flag
     if choices:
         meta["choices"] = choices
     if metavar:
         meta["metavar"] = metavar
+    if human:
+        meta["human"] = True
     return field(default=default, metadata=meta)
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's rule for its large-integer flags (`--max-model-len 32k`), so a launch line
+    that vLLM takes is taken here with the same number: a lowercase suffix multiplies
+    by 1000s and may follow a decimal (25.6k = 25,600; 1m = 1,000,000), an uppercase one
+    by 1024s and must follow a whole number (32K = 32,768; 1.5K is refused); anything
+    else is a plain integer."""
+    value = value.strip()
+    match = _HUMAN_INT.fullmatch(value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {value!r}: decimals are not allowed with the binary suffix "
+                f"{suffix} (x1024); did you mean {number}{suffix.lower()} (x1000)?")
+        return int(number) * _BINARY[suffix]
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {value!r}: expected a whole number, optionally with a suffix: "
+            "k, m, g, t (x1000) or K, M, G, T (x1024), e.g. 32k or 32K") from None
 
 
 # Longer than the 60 s idle timeout of the usual proxies in front of a server (nginx
@@ -78,14 +117,16 @@ class EngineConfig:
                      "bfloat16.",
                      choices=("auto", "float32", "float16", "bfloat16", "half"))
     max_model_len: int | None = opt(None, "Model context length (prompt + output). "
-                                    "Default: the model config's max_position_embeddings.")
+                                    "Default: the model config's max_position_embeddings.",
+                                    human=True)
     max_num_seqs: int | None = opt(None, "Maximum number of sequences per engine step. "
                                    "Default by device, as vLLM picks: 1024 on GPUs with at "
                                    "least 70 GiB, else 256.")
     max_num_batched_tokens: int | None = opt(
         None, "Maximum number of tokens per engine step. Without chunked prefill it must be "
         ">= max-model-len. Default by use and device, as vLLM picks: the API server takes "
-        "8192 on GPUs with at least 70 GiB and 2048 otherwise; the offline LLM 16384 / 8192.")
+        "8192 on GPUs with at least 70 GiB and 2048 otherwise; the offline LLM 16384 / 8192.",
+        human=True)
     long_prefill_token_threshold: int = opt(0, "Most prompt tokens one request may prefill "
                                             "in a step (0: up to the token budget). Smaller "
                                             "chunks let short requests in sooner.")
@@ -106,7 +147,8 @@ class EngineConfig:
     gpu_memory_utilization: float = opt(0.9, "Fraction of GPU memory the engine may use "
                                         "(weights + activations + KV cache).")
     kv_cache_memory: int | None = opt(None, "KV cache size in bytes per rank (CPU, or to "
-                                      "override GPU sizing). Default on CPU: 512 MiB.")
+                                      "override GPU sizing). Default on CPU: 512 MiB.",
+                                      human=True)
     num_kv_blocks: int | None = opt(None, "Exact number of KV cache blocks (overrides sizing; "
                                     "for tests and experiments).", flag="--num-gpu-blocks-override")
     kv_cache_dtype: str = opt("auto", "KV cache dtype ('auto' = model dtype).",
@@ -275,7 +317,8 @@ class ServerConfig:
     override_generation_config: str | None = opt(None, "JSON object of sampling defaults "
                                                  "that override the generation config's.")
     api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' on /v1/* "
-                              "(also read from PAGEFLEET_API_KEY).")
+                              "(without the flag: PAGEFLEET_API_KEY, then vLLM's "
+                              "VLLM_API_KEY).")
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
                                     "overrides the tokenizer's.")
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
@@ -288,6 +331,8 @@ class ServerConfig:
     queue_timeout: float | None = opt(None, "Seconds a request may wait before it is "
                                       "scheduled; past it the request gets 503.")
     shutdown_timeout: float = opt(30.0, "On SIGTERM, seconds to let in-flight requests finish.")
+    disable_fastapi_docs: bool = opt(False, "Do not serve /docs, /redoc and /openapi.json "
+                                     "(vLLM's flag; they are open without an API key).")
     enable_log_requests: bool = opt(False, "Log prompts and outputs (truncated to --max-log-len).")
     max_log_len: int = opt(200, "Characters of prompt/output logged with --enable-log-requests.")
     log_stats_interval: float = opt(10.0, "Seconds between throughput/queue/KV log lines.")
@@ -310,23 +355,89 @@ class ServerConfig:
         need(self.timeout_keep_alive > 0, "timeout-keep-alive", "must be > 0")
 
 
-# Flags that older vLLM releases took and that mean nothing here: accepted with a notice.
+# vLLM flags handled before the parser (cli.normalize_flags), on the command line and in
+# --config files alike, so launch lines and config files written for vLLM keep working
+# and `--help` can list them (cli.serve_parser's epilog).
+
 # Older spellings vLLM users still type, mapped to ours.
 FLAG_ALIASES: dict[str, str] = {
     "--disable-prefix-caching": "--no-enable-prefix-caching",
+    "--kv-cache-memory-bytes": "--kv-cache-memory",
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
 }
 
+# Flags vLLM takes (or older releases took) that change nothing here but speed, memory
+# or logging: accepted with a one-line notice. The value is how many arguments follow.
+# Ignoring one is only right where pagefleet already gives what the flag asks for, or
+# the flag cannot change a response: a value that would change outputs is refused
+# (IGNORED_ONLY_WITH), never dropped.
 IGNORED_FLAGS: dict[str, int] = {
     "--disable-log-requests": 0,
-    "--trust-remote-code": 0,
+    "--trust-remote-code": 0,        # only model code from the Hub needs it; none runs here
     "--disable-log-stats": 0,
     "--swap-space": 1,
     "--worker-use-ray": 0,
     "--engine-use-ray": 0,
     "--disable-custom-all-reduce": 0,
     "--uvicorn-log-level-access": 1,
+    "--max-parallel-loading-workers": 1,
+    "--use-v2-block-manager": 0,
+    "--num-scheduler-steps": 1,      # vLLM 0.6 multi-step decoding: speed only
+    "--disable-frontend-multiprocessing": 0,
+    "--max-seq-len-to-capture": 1,   # CUDA graph capture bound: speed only
+    # pagefleet never runs sliding-window attention: --max-model-len is capped at the
+    # window, which is what this flag asks vLLM for.
+    "--disable-sliding-window": 0,
+    "--tokenizer-mode": 1,
+    "--preemption-mode": 1,
+    "--load-format": 1,
+}
+
+# Ignored flags whose other values would change what the server answers: those values
+# are refused with the reason, since ignoring them would silently change results.
+IGNORED_ONLY_WITH: dict[str, tuple[tuple[str, ...], str]] = {
+    "--tokenizer-mode": (
+        ("auto", "hf"),
+        "pagefleet always tokenizes with the model's Hugging Face fast tokenizer "
+        "(tokenizer.json: what auto and hf pick); a slow, mistral or custom tokenizer "
+        "can split text differently, so the outputs would change"),
+    "--preemption-mode": (
+        ("recompute", "swap"),
+        "vLLM takes recompute or swap; pagefleet always preempts by recomputing, as "
+        "vLLM V1 does: a preempted request keeps its tokens and resumes later"),
+    "--load-format": (
+        ("auto", "safetensors"),
+        "pagefleet loads safetensors checkpoints only; other formats (and 'dummy', "
+        "random weights) would load something else or nothing"),
+}
+
+# vLLM flags that ask for something pagefleet does not do: a one-line error naming the
+# flag and what to do instead (not argparse's usage block), since ignoring them would
+# leave the user believing it is done.
+UNSUPPORTED_FLAGS: dict[str, str] = {
+    "--download-dir": "not supported: Hub models go to the Hugging Face cache; set "
+                      "HF_HOME or HF_HUB_CACHE to choose where, or pass a local directory",
+    "--ssl-keyfile": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                     "ingress, load balancer or proxy in front of it",
+    "--ssl-certfile": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                      "ingress, load balancer or proxy in front of it",
+    "--ssl-ca-certs": "not supported: pagefleet serves plain HTTP; terminate TLS at the "
+                      "ingress, load balancer or proxy in front of it",
+    "--root-path": "not supported: the API is served at /; have the proxy in front strip "
+                   "the path prefix",
+    "--enable-lora": "not supported: LoRA adapters are not served; merge the adapter into "
+                     "the weights and serve the merged model",
+    "--lora-modules": "not supported: LoRA adapters are not served; merge the adapter into "
+                      "the weights and serve the merged model",
+    "--speculative-config": "not supported: speculative decoding is not implemented",
+    "--speculative-model": "not supported: speculative decoding is not implemented",
+    "--rope-scaling": "not supported: it changes the model; set rope_scaling in the "
+                      "model's config.json instead",
+    "--hf-overrides": "not supported: it changes the model; edit the model's config.json "
+                      "instead",
+    "--allowed-origins": "not supported: no CORS headers are sent; add them at the proxy "
+                         "in front",
 }
 
 

@@ -99,10 +99,13 @@ def build_app(served, server_cfg: ServerConfig, *,
             await async_engine.stop()
 
     # /openapi.json, /docs and /redoc are served (as vLLM does), outside the API key
-    # like /health. Handlers read their bodies themselves (one parse, our error shapes),
-    # so each route declares its request model for the schema.
+    # like /health, unless --disable-fastapi-docs (vLLM's flag) turns them off.
+    # Handlers read their bodies themselves (one parse, our error shapes), so each
+    # route declares its request model for the schema.
+    docs = not server_cfg.disable_fastapi_docs
     app = FastAPI(title="pagefleet", version=pagefleet_version(), lifespan=lifespan,
-                  docs_url="/docs", redoc_url="/redoc", openapi_url="/openapi.json")
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = serving

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 
 from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, ServerConfig
 
@@ -103,6 +104,29 @@ def _make_server(config, async_engine, shutdown_timeout: float):
     return server
 
 
+# Where the API key may come from, in precedence order: the flag, then our variable,
+# then vLLM's, so a deployment migrated from vLLM that injects VLLM_API_KEY (a Secret
+# as an env var) keeps its authentication instead of silently serving without one.
+API_KEY_ENV_VARS = ("PAGEFLEET_API_KEY", "VLLM_API_KEY")
+
+
+def resolve_api_key(flag: str | None, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(key, where it came from) by API_KEY_ENV_VARS precedence; an empty value counts
+    as unset. The source is what the log names: never the key itself."""
+    if flag:
+        return flag, "--api-key"
+    for name in API_KEY_ENV_VARS:
+        if env.get(name):
+            return env[name], name
+    return None, None
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL of (host, port) as a client writes it: an IPv6 address in brackets
+    (`http://[::]:8000`; `http://:::8000` is no URL)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port), as uvicorn would bind it (SO_REUSEADDR,
     IPv6 when the host is an IPv6 address); raises OSError if it cannot."""
@@ -127,8 +151,8 @@ def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[
               f"{e.strerror or e} (--host/--port)", file=sys.stderr)
         return 1
     server_cfg.port = sock.getsockname()[1]
-    log.info("listening on http://%s:%d; requests are answered once the engine is up",
-             server_cfg.host, server_cfg.port)
+    log.info("listening on %s; requests are answered once the engine is up",
+             http_url(server_cfg.host, server_cfg.port))
     try:
         return _run_serve(engine_cfg, server_cfg, notices, sock)
     finally:
@@ -142,7 +166,11 @@ def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list
     from pagefleet.server.api.chat import load_chat_template
     from pagefleet.server.models.hub import ModelNotFoundError, resolve_model
 
-    api_key = server_cfg.api_key or os.environ.get("PAGEFLEET_API_KEY") or None
+    api_key, key_source = resolve_api_key(server_cfg.api_key, os.environ)
+    shadowed = [n for n in API_KEY_ENV_VARS if os.environ.get(n) and n != key_source]
+    if key_source and shadowed:
+        log.warning("the API key comes from %s; %s is also set and is not used", key_source,
+                    " and ".join(shadowed))
     try:
         chat_template = load_chat_template(server_cfg.chat_template)
         if engine_cfg.model is None:
@@ -173,13 +201,14 @@ def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list
 
     try:
         return _serve(engine, engine_cfg, server_cfg, served, model_dir, api_key, chat_template,
-                      sock)
+                      sock, key_source)
     finally:
         engine.core.kill()
 
 
 def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: str, model_dir,
-           api_key: str | None, chat_template: str | None, sock: socket.socket) -> int:
+           api_key: str | None, chat_template: str | None, sock: socket.socket,
+           key_source: str | None = None) -> int:
     import uvicorn
 
     from pagefleet.server.api.app import build_app
@@ -201,8 +230,8 @@ def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: s
         server.should_exit = True
 
     async_engine.on_dead = on_dead
-    log.info("starting on http://%s:%d (API key %s)", server_cfg.host, server_cfg.port,
-             "required" if api_key else "not required")
+    log.info("starting on %s (API key %s)", http_url(server_cfg.host, server_cfg.port),
+             f"required, from {key_source}" if api_key else "not required")
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - forced exit

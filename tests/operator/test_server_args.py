@@ -28,6 +28,10 @@ def _body(spec: dict[str, Any], name: str = "m") -> dict[str, Any]:
     (["--max-logprobs", "-1"], 1, "--max-logprobs"),
     (["--gpu-memory-utilization", "2"], 1, "--gpu-memory-utilization"),
     (["--queue-timeout", "0"], 1, "--queue-timeout"),
+    # vLLM flags the server refuses with a reason: the reason reaches the status.
+    (["--download-dir", "/d"], 1, "--download-dir: not supported: Hub models go to the Hugging Face cache"),
+    (["--tokenizer-mode", "slow"], 1, "--tokenizer-mode slow: not supported"),
+    (["--enable-prefix-caching=maybe"], 1, "--enable-prefix-caching: expected true or false"),
 ])
 def test_args_the_server_refuses_are_invalid(extra: list[str], gpus: int, flag: str) -> None:
     body = _body({"model": "x", "resources": {"gpus": gpus}, "engine": {"extraArgs": extra}})
@@ -41,6 +45,11 @@ def test_args_the_server_refuses_are_invalid(extra: list[str], gpus: int, flag: 
     {"model": "x"},
     {"model": "x", "resources": {"gpus": 4}, "engine": {"extraArgs": ["--tensor-parallel-size", "4"]}},
     {"model": "x", "engine": {"gpuMemoryUtilization": 0.8, "extraArgs": ["--queue-timeout", "30"]}},
+    # vLLM launch-line spellings the server takes (ignored flags, older boolean values,
+    # k suffixes) are no invalid spec.
+    {"model": "x", "engine": {"extraArgs": ["--max-parallel-loading-workers", "4", "--use-v2-block-manager",
+                                            "--enable-chunked-prefill", "False", "--max-model-len", "32k",
+                                            "--max-num-batched-tokens", "32k"]}},
 ])
 def test_args_the_server_accepts_pass(spec: dict[str, Any]) -> None:
     controller.resolve(_body(spec), controller.Settings())

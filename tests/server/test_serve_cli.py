@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -118,6 +119,54 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
         assert srv.proc.wait(60) == 0, srv.output()
     finally:
         srv.close()
+
+
+def test_vllm_api_key_variable_is_read(tmp_path):
+    """A deployment migrated from vLLM that injects its key as VLLM_API_KEY keeps its
+    authentication (it was ignored: the server answered without a key); the log names
+    the source but never the key."""
+    srv = SubprocessServer(["--max-model-len", "128", "--kv-cache-memory", str(16 << 20)],
+                           tmp_path / "key.log",
+                           env={"VLLM_API_KEY": "sk-from-env", "PAGEFLEET_API_KEY": ""}
+                           ).wait_ready()
+    try:
+        body = {"prompt": "hi", "max_tokens": 1}
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=60).status_code == 401
+        ok = httpx.post(srv.url + "/v1/completions", json=body, timeout=60,
+                        headers={"Authorization": "Bearer sk-from-env"})
+        assert ok.status_code == 200, ok.text
+        out = srv.output()
+        assert "API key required, from VLLM_API_KEY" in out and "sk-from-env" not in out
+    finally:
+        srv.close()
+
+
+def test_vllm_disable_fastapi_docs_flag(tmp_path):
+    """vLLM's --disable-fastapi-docs takes the unauthenticated /docs, /redoc and
+    /openapi.json down (it was refused as an unknown flag)."""
+    srv = SubprocessServer(["--max-model-len", "128", "--kv-cache-memory", str(16 << 20),
+                            "--disable-fastapi-docs"], tmp_path / "docs.log").wait_ready()
+    try:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert httpx.get(srv.url + path, timeout=30).status_code == 404, path
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        srv.close()
+
+
+def test_ipv6_host_is_logged_in_brackets():
+    """`--host ::1` logs a URL a client can use (it was http://::1:PORT)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    proc = subprocess.run([PAGEFLEET, "serve", "./no/such/dir", "--host", "::1", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no such directory" in proc.stderr
+    assert re.search(r"listening on http://\[::1\]:\d+;", proc.stderr), proc.stderr
 
 
 @pytest.mark.parametrize("env,needle", [
