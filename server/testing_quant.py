@@ -17,6 +17,12 @@ the file format. For GPTQ act-order, the column order GPTQ takes from the Hessia
 diagonal comes from a seeded stand-in per input (so q/k/v, and gate/up, share one order
 as they do in real checkpoints, since they read one input).
 
+`legacy=True` writes what the older tools wrote instead, which carried the config only
+in a side file, with no `quant_method`: AutoGPTQ 0.4 (`BaseQuantizeConfig.to_dict()` in
+quantize_config.json, one `gptq_model-4bit-{G}g.safetensors` with its metadata) and
+AutoAWQ 0.1 (the `quant_config` dict given to `quantize()`, dumped as is to
+quant_config.json); config.json then has no `quantization_config`.
+
 `dequantized_dir` also writes the model the quantized file means, in float32 and
 unquantized (`(q - z) * s`, `weight * scale`): HF transformers loads it as the
 reference. Tensors are read and written one at a time; output shards hold at most
@@ -177,6 +183,20 @@ def awq_config(group_size: int) -> dict:
             "version": "gemm", "modules_to_not_convert": None}
 
 
+def autoawq_legacy_config(group_size: int) -> dict:
+    """AutoAWQ 0.1's quant_config.json: `json.dumps(self.quant_config)`, the dict its
+    README passes to `model.quantize(tokenizer, quant_config=...)`."""
+    return {"zero_point": True, "q_group_size": group_size, "w_bit": 4, "version": "GEMM"}
+
+
+def autogptq_legacy_config(group_size: int, sym: bool, desc_act: bool) -> dict:
+    """AutoGPTQ 0.4's quantize_config.json: `BaseQuantizeConfig.to_dict()` as
+    `save_quantized` writes it (before it sets model_name_or_path and the file name)."""
+    return {"bits": 4, "group_size": group_size, "damp_percent": 0.01, "desc_act": desc_act,
+            "static_groups": False, "sym": sym, "true_sequential": True,
+            "model_name_or_path": None, "model_file_base_name": None}
+
+
 def gptq_config(group_size: int, sym: bool, desc_act: bool, checkpoint_format: str) -> dict:
     return {"bits": 4, "group_size": group_size, "desc_act": desc_act, "lm_head": False,
             "method": "gptq", "quant_method": "gptq", "format": checkpoint_format,
@@ -222,8 +242,10 @@ def ct_config(strategy: str, block: tuple[int, int] | None, scale_dtype: torch.d
 class ShardWriter:
     """Collects tensors into safetensors shards of at most `shard_bytes`, with an index."""
 
-    def __init__(self, path: Path, shard_bytes: int) -> None:
+    def __init__(self, path: Path, shard_bytes: int, single_name: str = "model.safetensors",
+                 metadata: dict[str, str] | None = None) -> None:
         self.path, self.shard_bytes = path, shard_bytes
+        self.single_name, self.metadata = single_name, {"format": "pt", **(metadata or {})}
         path.mkdir(parents=True, exist_ok=True)
         self.shards: list[dict[str, torch.Tensor]] = [{}]
         self.size = 0
@@ -242,7 +264,7 @@ class ShardWriter:
     def _flush(self) -> None:
         part = self.shards.pop()
         tmp = f"part-{len(self.files):05d}.safetensors"
-        save_file(part, str(self.path / tmp), metadata={"format": "pt"})
+        save_file(part, str(self.path / tmp), metadata=self.metadata)
         self.files.append(tmp)
         self.weight_map.update({n: tmp for n in part})
         self.shards.append({})
@@ -253,7 +275,7 @@ class ShardWriter:
             self._flush()
         n = len(self.files)
         if n == 1:
-            (self.path / self.files[0]).rename(self.path / "model.safetensors")
+            (self.path / self.files[0]).rename(self.path / self.single_name)
             return
         names = {f: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, f in enumerate(self.files)}
         for old, new in names.items():
@@ -274,7 +296,8 @@ def _copy_side_files(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (
-                "config.json", "model.safetensors.index.json", "quantize_config.json"):
+                "config.json", "model.safetensors.index.json", "quantize_config.json",
+                "quant_config.json"):
             shutil.copy2(f, dst / f.name)
 
 
@@ -284,22 +307,31 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
                         block: tuple[int, int] | None = (128, 128), strategy: str = "channel",
                         dtype: torch.dtype | None = None,
                         dequantized_dir: str | Path | None = None, device: str = "cpu",
-                        shard_bytes: int = 4 << 30, seed: int = 0) -> Path:
+                        shard_bytes: int = 4 << 30, seed: int = 0, legacy: bool = False) -> Path:
     """Write `src` quantized to `fmt` into `dst` (see the module docstring).
 
     `dtype`: the dtype of everything left unquantized (and of scales where the format
     takes the model's dtype); default float16 for AWQ/GPTQ (as those tools save) and the
     source dtype for the fp8 formats. `block`: fp8 weight blocks (None: per tensor, for
-    `fp8`); `strategy`: compressed-tensors' weight strategy (tensor, channel, block)."""
+    `fp8`); `strategy`: compressed-tensors' weight strategy (tensor, channel, block).
+    `legacy`: AWQ and GPTQ (v1 zero points) with the older tools' side file only (see
+    the module docstring)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {', '.join(FORMATS)}")
+    if legacy and (fmt not in ("awq", "gptq") or checkpoint_format != "gptq"):
+        raise ValueError("legacy: AutoAWQ 0.1 or AutoGPTQ 0.4 (v1 zero points) files only")
     src, dst = Path(src), Path(dst)
     cfg = json.loads((src / "config.json").read_text())
     src_dtype = {v: k for k, v in _DTYPE_NAMES.items()}.get(
         cfg.get("torch_dtype") or cfg.get("dtype"), torch.bfloat16)
     out_dtype = dtype or (torch.float16 if fmt in ("awq", "gptq") else src_dtype)
     _copy_side_files(src, dst)
-    writer = ShardWriter(dst, shard_bytes)
+    if legacy and fmt == "gptq":   # AutoGPTQ 0.4's save_quantized: one file, its metadata
+        writer = ShardWriter(dst, 1 << 62, f"gptq_model-4bit-{group_size}g.safetensors", {
+            "auto_gptq_version": "0.4.2", "gptq_bits": "4", "gptq_group_size": str(group_size),
+            "gptq_desc_act": str(desc_act), "gptq_damp_percent": "0.01"})
+    else:
+        writer = ShardWriter(dst, shard_bytes)
     ref = ShardWriter(Path(dequantized_dir), shard_bytes) if dequantized_dir else None
     if ref is not None:
         _copy_side_files(src, Path(dequantized_dir))
@@ -347,8 +379,14 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
             "compressed-tensors": lambda: ct_config(strategy, block, out_dtype)}[fmt]()
     out_cfg = dict(cfg, torch_dtype=_DTYPE_NAMES[out_dtype], quantization_config=qcfg)
     out_cfg.pop("dtype", None)
+    if legacy:   # the old tools left config.json as transformers saved it
+        del out_cfg["quantization_config"]
+        side, qcfg = (("quant_config.json", autoawq_legacy_config(group_size)) if fmt == "awq"
+                      else ("quantize_config.json",
+                            autogptq_legacy_config(group_size, sym, desc_act)))
+        (dst / side).write_text(json.dumps(qcfg, indent=4 if fmt == "awq" else 2))
     (dst / "config.json").write_text(json.dumps(out_cfg, indent=2))
-    if fmt == "gptq":   # GPTQModel writes its config beside config.json too
+    if fmt == "gptq" and not legacy:   # GPTQModel writes its config beside config.json too
         (dst / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
     if ref is not None:
         ref.close()
@@ -370,12 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpoint-format", default="gptq", choices=("gptq", "gptq_v2"))
     ap.add_argument("--block", default="128,128", help="fp8 weight block, or 'none'")
     ap.add_argument("--strategy", default="channel", choices=("tensor", "channel", "block"))
+    ap.add_argument("--legacy", action="store_true", help="awq/gptq as AutoAWQ 0.1 / "
+                    "AutoGPTQ 0.4 wrote them: the config only in a side file, no quant_method")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
     block = None if a.block == "none" else tuple(int(x) for x in a.block.split(","))
     quantize_checkpoint(a.src, a.dst, a.format, group_size=a.group_size, sym=not a.asym,
                         desc_act=a.desc_act, checkpoint_format=a.checkpoint_format, block=block,
-                        strategy=a.strategy, device=a.device)
+                        strategy=a.strategy, device=a.device, legacy=a.legacy)
     print(f"wrote {a.dst}")
 
 

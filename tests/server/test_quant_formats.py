@@ -132,9 +132,10 @@ def written(tmp_path_factory):
                            num_kv_heads=1, vocab_size=300)
 
     def make(fmt, **kw):
-        return (quantize_checkpoint(src, root / f"{fmt}{len(kw)}", fmt,
-                                    dequantized_dir=root / f"ref-{fmt}{len(kw)}", **kw),
-                root / f"ref-{fmt}{len(kw)}")
+        name = f"{fmt}-" + "-".join(f"{k}={v}" for k, v in sorted(kw.items()))
+        return (quantize_checkpoint(src, root / name, fmt, dequantized_dir=root / f"ref-{name}",
+                                    **kw),
+                root / f"ref-{name}")
     return make
 
 
@@ -167,6 +168,29 @@ def test_gptq_file(written):
                        "pack_dtype": "int32"}.items():
         assert qc[key] == value
     assert json.loads((q / "quantize_config.json").read_text()) == qc
+
+
+def test_legacy_files_are_autogptq_04s_and_autoawq_01s(written):
+    """Before quant_method and config.json's quantization_config: AutoGPTQ 0.4's
+    `save_quantized` (BaseQuantizeConfig.to_dict() keys, one `gptq_model-4bit-{G}g`
+    safetensors with its metadata) and AutoAWQ 0.1's (`json.dumps(self.quant_config)`)."""
+    from safetensors import safe_open
+    q, _ = written("gptq", group_size=32, desc_act=True, legacy=True)
+    assert "quantization_config" not in _config(q)
+    side = json.loads((q / "quantize_config.json").read_text())
+    assert side == {"bits": 4, "group_size": 32, "damp_percent": 0.01, "desc_act": True,
+                    "static_groups": False, "sym": True, "true_sequential": True,
+                    "model_name_or_path": None, "model_file_base_name": None}
+    assert [p.name for p in q.glob("*.safetensors")] == ["gptq_model-4bit-32g.safetensors"]
+    with safe_open(str(q / "gptq_model-4bit-32g.safetensors"), "pt") as f:
+        meta = f.metadata()
+        assert "model.layers.0.self_attn.q_proj.g_idx" in set(f.keys())
+    assert meta["gptq_group_size"] == "32" and meta["gptq_desc_act"] == "True"
+    q, _ = written("awq", group_size=32, legacy=True)
+    assert "quantization_config" not in _config(q)
+    assert json.loads((q / "quant_config.json").read_text()) == {
+        "zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"}
+    assert not (q / "quantize_config.json").exists()
 
 
 def test_hf_transformers_dequantizes_our_fp8_file_to_the_reference(written):
