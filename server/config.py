@@ -21,7 +21,8 @@ DEMO_MODEL = "pagefleet-demo"
 # so the operator can tell an OOM apart from other crashes and lower
 # --gpu-memory-utilization (its OOM remediation reads the pod's last exit code).
 CUDA_OOM_EXIT_CODE = 86
-QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin")
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin",
+                        "compressed-tensors")
 MAX_TENSOR_PARALLEL_SIZE = 8   # the GPUs one node holds (the CRD bounds resources.gpus alike)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
@@ -184,9 +185,10 @@ class EngineConfig:
     max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
     quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
                                    "a bf16/fp16 one quantized at load), awq, gptq "
-                                   "(awq_marlin, gptq_marlin: the same). Default: the "
-                                   "checkpoint's quantization_config; a flag that does not "
-                                   "match the checkpoint is a startup error.",
+                                   "(awq_marlin, gptq_marlin: the same), compressed-tensors "
+                                   "(llm-compressor fp8 checkpoints, as fp8 takes them). "
+                                   "Default: the checkpoint's quantization config; a flag "
+                                   "that does not match the checkpoint is a startup error.",
                                    choices=QUANTIZATION_METHODS)
 
     def validate(self) -> None:

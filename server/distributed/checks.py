@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagefleet.server.config import ConfigError
+from pagefleet.server.models.config import quantization_method
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,15 @@ def check_devices(tp_size: int, device_type: str, num_gpus: int) -> None:
             "more GPUs visible (CUDA_VISIBLE_DEVICES, the pod's nvidia.com/gpu limit).")
 
 
-def check_quantization(tp_size: int, quantization_config: dict | None) -> None:
+def check_quantization(tp_size: int, quantization_config: dict | None,
+                       source: str | None = None, flag: str | None = None) -> None:
     """Quantized checkpoints shard like dense ones, except GPTQ act-order: a rank's
     slice of a row-parallel layer mixes groups in an order our int4 kernels (one
-    contiguous group after the other) cannot follow."""
+    contiguous group after the other) cannot follow. `source` (where the config was
+    read) and `flag` (--quantization) tell the method of an old AutoGPTQ
+    quantize_config.json, which names none."""
     q = quantization_config or {}
-    if tp_size > 1 and str(q.get("quant_method", "")).lower() == "gptq" and q.get("desc_act"):
+    if tp_size > 1 and quantization_method(q, source, flag) == "gptq" and q.get("desc_act"):
         raise ConfigError(
             "GPTQ checkpoints with act-order (desc_act: true) are not supported with "
             f"--tensor-parallel-size {tp_size} yet; use --tensor-parallel-size 1, or a "

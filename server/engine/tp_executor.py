@@ -255,7 +255,8 @@ class TPDriver(ModelRunner):
         n = config.tensor_parallel_size
         self.shape = tp_shape(n, model_cfg.num_heads, model_cfg.num_kv_heads,
                               model_cfg.intermediate_size, model_cfg.vocab_size)
-        check_quantization(n, model_cfg.quantization_config)
+        check_quantization(n, model_cfg.quantization_config,
+                           model_cfg.quantization_config_file, config.quantization)
         device = resolve_device(config.device)
         check_devices(n, device.type, torch.cuda.device_count() if device.type == "cuda" else 0)
         if device.type == "cuda":

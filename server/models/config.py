@@ -43,9 +43,12 @@ class ModelConfig:
     torch_dtype: str | None
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
-    # config.json's `quantization_config` (or quantize_config.json's content), as is;
-    # models/quantization/ interprets it.
+    # config.json's `quantization_config` (or its older `compression_config`, or a
+    # quantize_config.json / quant_config.json side file's content), as is;
+    # models/quantization/ interprets it. `quantization_config_file` says where it came
+    # from: "config.json", "config.json compression_config" or the side file's name.
     quantization_config: dict | None = field(default=None, compare=False, hash=False)
+    quantization_config_file: str | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -64,6 +67,7 @@ class ModelConfig:
             scaling = None
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         eos = _eos_ids(model_dir, cfg)
+        qcfg, qfile = _quantization_config(model_dir, cfg)
         num_heads = cfg["num_attention_heads"]
         return cls(
             architecture=arch,
@@ -82,20 +86,58 @@ class ModelConfig:
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             sliding_window=sliding,
             eos_token_ids=eos,
-            quantization_config=_quantization_config(model_dir, cfg),
+            quantization_config=qcfg,
+            quantization_config_file=qfile,
             **ARCH_FEATURES[arch],
         )
 
 
-def _quantization_config(model_dir: Path, cfg: dict) -> dict | None:
-    """config.json's quantization_config; else a GPTQ/AWQ side file, as vLLM reads them."""
+SIDE_FILES = ("quantize_config.json", "quant_config.json")
+
+
+def _quantization_config(model_dir: Path, cfg: dict) -> tuple[dict | None, str | None]:
+    """(the quantization config, where it was read): config.json's quantization_config,
+    else its `compression_config` (older llm-compressor), else a side file of AutoGPTQ
+    (quantize_config.json) or AutoAWQ (quant_config.json), as vLLM falls back to them."""
     if cfg.get("quantization_config"):
-        return dict(cfg["quantization_config"])
-    for name in ("quantize_config.json", "quant_config.json"):
+        return dict(cfg["quantization_config"]), "config.json"
+    if cfg.get("compression_config"):
+        return dict(cfg["compression_config"]), "config.json compression_config"
+    for name in SIDE_FILES:
         path = model_dir / name
         if path.exists():
-            return json.loads(path.read_text())
-    return None
+            return json.loads(path.read_text()), name
+    return None, None
+
+
+# Keys only AutoAWQ's quant_config.json (AwqConfig.to_dict) or only AutoGPTQ's
+# quantize_config.json (BaseQuantizeConfig.to_dict) has: their older versions wrote no
+# quant_method there.
+_AWQ_KEYS = {"w_bit", "q_group_size", "zero_point"}
+_GPTQ_KEYS = {"desc_act", "damp_percent", "static_groups", "true_sequential",
+              "model_file_base_name", "sym"}
+
+
+def quantization_method(qcfg: dict | None, source: str | None = None,
+                        flag: str | None = None) -> str:
+    """The checkpoint's quant_method ("" when not quantized or unknown). A side file
+    without one is read as vLLM reads it: AWQ or GPTQ by its keys (w_bit, q_group_size,
+    zero_point: AutoAWQ; desc_act, sym, damp_percent...: AutoGPTQ), else by
+    `--quantization` (awq or gptq, and their _marlin names), else by its name."""
+    if not qcfg:
+        return ""
+    method = str(qcfg.get("quant_method") or "").lower()
+    if method or source not in SIDE_FILES:
+        return method
+    keys = set(qcfg)
+    if keys & _AWQ_KEYS:
+        return "awq"
+    if keys & _GPTQ_KEYS:
+        return "gptq"
+    family = (flag or "").split("_")[0]
+    if family in ("awq", "gptq"):
+        return family
+    return "awq" if source == "quant_config.json" else "gptq"
 
 
 def _as_list(x: int | list[int] | None) -> list[int]:

@@ -98,8 +98,30 @@ def narrowed(param: nn.Parameter, loaded: torch.Tensor, spec: ShardSpec,
     return dst, src
 
 
+_FP8_DTYPES = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+               torch.float8_e5m2fnuz}
+
+
+def _is_quantized_dtype(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point or dtype in _FP8_DTYPES
+
+
+def check_not_quantized(src: torch.dtype | None, dst: torch.dtype, name: str) -> None:
+    """A float parameter takes float16/bfloat16/float32 values only: an fp8 or integer
+    checkpoint tensor is quantized, and casting it without its scales would load garbage."""
+    if src is not None and _is_quantized_dtype(src) and not _is_quantized_dtype(dst):
+        raise WeightLoadError(
+            f"{name} is {str(src).removeprefix('torch.')} in the checkpoint, a quantized "
+            f"tensor, but it is loaded unquantized ({str(dst).removeprefix('torch.')}): the "
+            "checkpoint's quantization config does not cover it (the config lacks its "
+            "quantization_config, or lists this module as not quantized). Casting it "
+            "without its scales would serve garbage.")
+
+
 def load_narrowed(param: nn.Parameter, loaded: torch.Tensor, spec: ShardSpec, name: str) -> None:
-    """The generic weight loader: narrow, check the shape, copy (casting the dtype)."""
+    """The generic weight loader: narrow, check the shape, copy (casting the dtype; a
+    quantized tensor into a float parameter is an error)."""
+    check_not_quantized(loaded.dtype, param.dtype, name)
     dst, src = narrowed(param, loaded, spec, name)
     dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
 

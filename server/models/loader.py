@@ -22,7 +22,7 @@ from safetensors import safe_open
 from pagefleet.server.models.config import ModelConfig
 from pagefleet.server.models.lazy_tensor import LazyTensor, ReadStats
 from pagefleet.server.models.decoder import DecoderForCausalLM, Ops
-from pagefleet.server.models.linear import LinearBase, WeightLoadError
+from pagefleet.server.models.linear import LinearBase, WeightLoadError, check_not_quantized
 from pagefleet.server.models.quantization import QuantConfig, resolve_quantization, tensor_index
 
 __all__ = ["WeightLoadError", "load_model", "safetensors_files", "QuantInfo"]
@@ -106,7 +106,8 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     files = safetensors_files(model_dir)
     index = tensor_index(files)
     quant = resolve_quantization(model_dir, cfg.quantization_config, quantization, index,
-                                 _dense_dtype_name(index) or cfg.torch_dtype)
+                                 _dense_dtype_name(index) or cfg.torch_dtype,
+                                 cfg.quantization_config_file)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -143,6 +144,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                     raise WeightLoadError(f"{path.name}: unexpected tensor {hf_name!r} "
                                           f"for {cfg.architecture}")
                 tensor = get(hf_name)
+                check_not_quantized(tensor.dtype, params[name].dtype, hf_name)
                 vocab_loader = getattr(params[name], "vocab_loader", None)
                 if vocab_loader is not None:   # a vocabulary range (tensor parallel)
                     vocab_loader(tensor, hf_name)

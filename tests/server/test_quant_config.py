@@ -25,6 +25,11 @@ def ckpts(tmp_path_factory):
     for fmt, kw in (("awq", dict(group_size=32)), ("gptq", dict(group_size=32)),
                     ("fp8", dict(block=(32, 32))), ("compressed-tensors", {})):
         out[fmt] = quantize_checkpoint(src, root / fmt, fmt, **kw)
+    # AutoAWQ 0.1 / AutoGPTQ 0.4: the config only in quant_config.json / quantize_config.json
+    out["awq-legacy"] = quantize_checkpoint(src, root / "awq-legacy", "awq", group_size=32,
+                                            legacy=True)
+    out["gptq-legacy"] = quantize_checkpoint(src, root / "gptq-legacy", "gptq", group_size=32,
+                                             desc_act=True, legacy=True)
     return out
 
 
@@ -41,6 +46,16 @@ def start(path, flag):
     ("gptq", "awq_marlin", ["GPTQ 4-bit checkpoint"]),
     ("fp8", "awq", ["FP8 checkpoint", "32x32 weight blocks"]),
     ("compressed-tensors", "gptq", ["compressed-tensors FP8 checkpoint", "per-channel"]),
+    # vLLM's name for llm-compressor checkpoints fits those only
+    ("bf16", "compressed-tensors", ["not quantized", "llm-compressor"]),
+    ("awq", "compressed-tensors", ["AWQ 4-bit checkpoint", "--quantization awq"]),
+    ("fp8", "compressed-tensors", ["FP8 checkpoint (quant_method fp8"]),
+    # old side files: the method read from their keys, the flag still checked
+    ("awq-legacy", "gptq", ["AWQ 4-bit checkpoint (quant_config.json without quant_method",
+                            "group size 32", "--quantization awq"]),
+    ("gptq-legacy", "awq_marlin", ["GPTQ 4-bit checkpoint (quantize_config.json without "
+                                   "quant_method", "desc_act true", "v1 zero points"]),
+    ("gptq-legacy", "fp8", ["GPTQ 4-bit checkpoint"]),
 ])
 def test_mismatched_flag_is_a_startup_error_naming_the_format(ckpts, ckpt, flag, names):
     with pytest.raises(ConfigError) as e:
@@ -53,7 +68,11 @@ def test_mismatched_flag_is_a_startup_error_naming_the_format(ckpts, ckpt, flag,
 
 @pytest.mark.parametrize("ckpt,flag", [("awq", "awq_marlin"), ("awq", None), ("gptq", "gptq_marlin"),
                                        ("gptq", "gptq"), ("fp8", "fp8"), ("fp8", None),
-                                       ("compressed-tensors", "fp8"), ("bf16", "fp8")])
+                                       ("compressed-tensors", "fp8"), ("bf16", "fp8"),
+                                       ("compressed-tensors", "compressed-tensors"),
+                                       ("awq-legacy", None), ("awq-legacy", "awq"),
+                                       ("awq-legacy", "awq_marlin"), ("gptq-legacy", None),
+                                       ("gptq-legacy", "gptq"), ("gptq-legacy", "gptq_marlin")])
 def test_matching_flags_and_detection_load(ckpts, ckpt, flag):
     llm = start(ckpts[ckpt], flag)
     model = llm.engine.runner.model
@@ -124,3 +143,153 @@ def test_serve_cli_refuses_a_mismatched_flag(ckpts):
     assert proc.returncode == 2, proc.stderr
     assert "--quantization gptq does not match" in proc.stderr
     assert "AWQ 4-bit checkpoint" in proc.stderr
+
+
+# -- checkpoints whose quantization config is not config.json's quantization_config -------------
+
+def test_old_side_files_load_as_their_tool_wrote_them(ckpts):
+    """AutoGPTQ 0.4's quantize_config.json and AutoAWQ 0.1's quant_config.json carry no
+    quant_method (and config.json no quantization_config): the method comes from their
+    keys, as vLLM reads them. Output equality: test_quant_engine's *-legacy cases."""
+    for name, method, flags in (("awq-legacy", "awq", ("awq", "awq_marlin")),
+                                ("gptq-legacy", "gptq", ("gptq", "gptq_marlin"))):
+        cfg = json.loads((ckpts[name] / "config.json").read_text())
+        assert "quantization_config" not in cfg
+        quant = start(ckpts[name], None).engine.runner.model.quant
+        assert (quant.name, quant.flags) == (method, flags)
+        assert "without quant_method" in quant.describe()
+    gptq = start(ckpts["gptq-legacy"], None).engine.runner.model.quant
+    assert (gptq.group_size, gptq.desc_act, gptq.sym, gptq.v1) == (32, True, True, True)
+
+
+def test_a_side_file_its_keys_leave_open_follows_the_flag_then_its_name():
+    from pagefleet.server.models.config import quantization_method
+
+    bare = {"bits": 4, "group_size": 128}
+    assert quantization_method(bare, "quantize_config.json") == "gptq"
+    assert quantization_method(bare, "quant_config.json") == "awq"
+    assert quantization_method(bare, "quantize_config.json", "awq_marlin") == "awq"
+    assert quantization_method(bare, "quant_config.json", "gptq") == "gptq"
+    # keys decide over the flag (which is then a mismatch, naming the real format)
+    assert quantization_method({"w_bit": 4, "q_group_size": 64}, "quantize_config.json",
+                               "gptq") == "awq"
+    assert quantization_method({"bits": 4, "desc_act": False}, "quant_config.json") == "gptq"
+    # config.json's own quantization_config is never guessed at
+    assert quantization_method(bare, "config.json", "awq") == ""
+
+
+def test_tensor_parallel_check_sees_act_order_in_an_old_autogptq_side_file(ckpts):
+    from pagefleet.server.distributed.checks import check_quantization
+    from pagefleet.server.models.config import ModelConfig
+
+    cfg = ModelConfig.from_dir(ckpts["gptq-legacy"])
+    assert cfg.quantization_config_file == "quantize_config.json"
+    with pytest.raises(ConfigError, match="desc_act: true"):
+        check_quantization(2, cfg.quantization_config, cfg.quantization_config_file)
+    check_quantization(1, cfg.quantization_config, cfg.quantization_config_file)
+
+
+def _strip_config(src, dst, new_key=None):
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    qcfg = cfg.pop("quantization_config")
+    if new_key:
+        cfg[new_key] = qcfg
+    (dst / "config.json").write_text(json.dumps(cfg))
+    (dst / "quantize_config.json").unlink(missing_ok=True)
+    return dst
+
+
+@pytest.mark.parametrize("fmt,looks", [
+    ("awq", "4-bit AWQ-like tensors (qweight, qzeros, scales; no g_idx)"),
+    ("gptq", "4-bit GPTQ-like tensors (qweight, qzeros, scales, g_idx)"),
+    ("fp8", "fp8 tensors (float8_e4m3fn weights, weight_scale_inv"),
+    ("compressed-tensors", "fp8 tensors (float8_e4m3fn weights, weight_scale:"),
+])
+@pytest.mark.parametrize("flag", [None, "awq", "fp8"])
+def test_quantized_tensors_without_a_config_are_named_not_called_unquantized(
+        ckpts, tmp_path, fmt, looks, flag):
+    """config.json lost its quantization_config (a re-save): the tensors say what the
+    checkpoint is; neither 'not quantized, omit --quantization' nor a load that fails on
+    'unexpected tensor qweight'."""
+    d = _strip_config(ckpts[fmt], tmp_path / fmt)
+    with pytest.raises(ConfigError) as e:
+        start(d, flag)
+    msg = str(e.value)
+    assert "is quantized but has no quantization config" in msg, msg
+    assert looks in msg and "missing the quantization_config" in msg, msg
+    assert "not quantized" not in msg
+
+
+def test_llm_compressors_older_compression_config_key_is_read(ckpts, tmp_path):
+    """Older llm-compressor wrote `compression_config`; vLLM falls back to it."""
+    from tests.server.quant_helpers import decoder_logits, load_decoder
+
+    d = _strip_config(ckpts["compressed-tensors"], tmp_path / "ct", "compression_config")
+    for flag in (None, "fp8", "compressed-tensors"):
+        model = start(d, flag).engine.runner.model
+        assert model.quant.name == "compressed-tensors fp8"
+    ids = list(range(3, 30))
+    assert torch.equal(decoder_logits(load_decoder(d), ids),
+                       decoder_logits(load_decoder(ckpts["compressed-tensors"]), ids))
+    with pytest.raises(ConfigError, match="it is a compressed-tensors FP8 checkpoint"):
+        start(d, "awq")
+
+
+def test_a_quantized_lm_head_is_refused_before_loading(ckpts, tmp_path):
+    """llm-compressor with lm_head not in `ignore`: refused from the config and the
+    tensor index, by name, not after copying e4m3 bytes into a float lm_head."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pagefleet.server.testing_quant import ct_fp8_quantize
+
+    d = tmp_path / "ct-lm-head"
+    shutil.copytree(ckpts["compressed-tensors"], d)
+    tensors = load_file(str(d / "model.safetensors"))
+    q, _ = ct_fp8_quantize(tensors["lm_head.weight"].float(), "channel", None, torch.float32)
+    tensors["lm_head.weight"], tensors["lm_head.weight_scale"] = q["weight"], q["weight_scale"]
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] = []
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        start(d, None)
+    msg = str(e.value)
+    assert "compressed-tensors FP8 checkpoint" in msg and "a quantized lm_head is not supported" in msg
+    assert "lm_head.weight F8_E4M3, lm_head.weight_scale" in msg
+
+
+def test_an_unquantized_layer_refuses_quantized_tensors():
+    """A float weight is never filled by casting an fp8 or integer checkpoint tensor (its
+    scales would be dropped): the loader names the tensor and its dtype."""
+    from pagefleet.server.models.linear import ReplicatedLinear, WeightLoadError
+
+    layer = ReplicatedLinear(32, 16, bias=False, method=None, prefix="model.layers.0.mlp.down_proj")
+    for bad in (torch.ones(16, 32).to(torch.float8_e4m3fn), torch.ones(16, 32, dtype=torch.int32)):
+        with pytest.raises(WeightLoadError, match="down_proj.weight is (float8_e4m3fn|int32) in "
+                           "the checkpoint, a quantized tensor"):
+            layer.load_weight("weight", bad)
+    layer.load_weight("weight", torch.ones(16, 32, dtype=torch.bfloat16))
+    assert layer.weight.dtype == torch.get_default_dtype() and bool((layer.weight == 1).all())
+
+
+def test_dense_tensors_refuse_quantized_values(ckpts, tmp_path):
+    """The same for the model's other tensors (a norm stored in fp8)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pagefleet.server.models.linear import WeightLoadError
+    from tests.server.quant_helpers import load_decoder
+
+    d = tmp_path / "awq-fp8-norm"
+    shutil.copytree(ckpts["awq"], d)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.float8_e4m3fn)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match="model.norm.weight is float8_e4m3fn"):
+        load_decoder(d)

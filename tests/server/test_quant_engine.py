@@ -40,6 +40,10 @@ CASES = {
     "gptq-actorder-asym": ("qwen3", dict(fmt="gptq", group_size=128, desc_act=True, sym=False), None),
     "gptq-row-v2": ("qwen2", dict(fmt="gptq", group_size=-1, sym=False,
                                   checkpoint_format="gptq_v2"), "gptq_marlin"),
+    # the config only in the older tools' side file (AutoAWQ 0.1, AutoGPTQ 0.4), no quant_method
+    "awq-legacy": ("qwen2", dict(fmt="awq", group_size=32, legacy=True), None),
+    "gptq-legacy-actorder": ("qwen3", dict(fmt="gptq", group_size=32, desc_act=True,
+                                           legacy=True), "gptq"),
 }
 
 
@@ -82,7 +86,8 @@ def test_logits_equal_dequantized_model(quantized, name):
 
 
 GREEDY = ["fp8-at-load", "fp8-hf-block", "ct-fp8-channel", "awq-g32", "awq-row",
-          "gptq-sym-g128", "gptq-actorder-asym", "gptq-row-v2"]
+          "gptq-sym-g128", "gptq-actorder-asym", "gptq-row-v2", "awq-legacy",
+          "gptq-legacy-actorder"]
 
 
 @pytest.mark.parametrize("name", GREEDY)

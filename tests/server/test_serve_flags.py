@@ -28,6 +28,16 @@ def test_out_of_range_flags_name_themselves(argv: list[str], flag: str, why: str
     assert str(e.value) == f"{flag}: {why}"
 
 
+def test_quantization_takes_vllms_method_names() -> None:
+    """vLLM's names for the formats served here, compressed-tensors (llm-compressor)
+    included; whether one fits the checkpoint is checked when it is read."""
+    for name in ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors"):
+        engine, _, _ = build_configs(["some/model", "--quantization", name])
+        assert engine.quantization == name
+    with pytest.raises((ConfigError, SystemExit)):
+        build_configs(["some/model", "--quantization", "bitsandbytes"])
+
+
 def test_defaults_pass_and_keep_alive_outlives_the_usual_proxies() -> None:
     _, server, _ = build_configs(["some/model", "--shutdown-timeout", "0", "--port", "0"])
     assert server.timeout_keep_alive == KEEP_ALIVE_TIMEOUT_S > 60

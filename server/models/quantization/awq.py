@@ -2,10 +2,12 @@
 
 `quantization_config`: `{"quant_method": "awq", "bits": 4, "group_size": 128,
 "zero_point": true, "version": "gemm", "modules_to_not_convert": null}` (AutoAWQ's
-`to_transformers_dict`; `w_bit`/`q_group_size` accepted too). Per layer: `qweight`
-int32 `[K, N // 8]` and `qzeros` int32 `[K // G, N // 8]`, both in AWQ's nibble order,
-`scales` float16 `[K // G, N]`, `bias` float16. Loading repacks to the kernels'
-K-major layout (`int4.py`, `ops/int4_packing.py`).
+`to_transformers_dict`), or older AutoAWQ's `quant_config.json` (`AwqConfig.to_dict`:
+`{"zero_point": true, "q_group_size": 128, "w_bit": 4, "version": "GEMM"}`, no
+`quant_method`). Per layer: `qweight` int32 `[K, N // 8]` and `qzeros` int32
+`[K // G, N // 8]`, both in AWQ's nibble order, `scales` float16 `[K // G, N]`, `bias`
+float16. Loading repacks to the kernels' K-major layout (`int4.py`,
+`ops/int4_packing.py`).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class AWQConfig(QuantConfig):
 
     def describe(self) -> str:
         g = "per channel" if self.group_size <= 0 else f"group size {self.group_size}"
-        return f"AWQ 4-bit checkpoint (quant_method awq, GEMM layout, {g}, zero points)"
+        return (f"AWQ 4-bit checkpoint ({self.origin or 'quant_method awq'}, GEMM layout, {g}, "
+                "zero points)")
 
     def is_quantized(self, hf_prefix: str) -> bool:
         return hf_prefix + ".qweight" in self.index

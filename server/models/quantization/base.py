@@ -51,6 +51,8 @@ class QuantConfig:
     flags: tuple[str, ...] = ()
     #: short name for logs and errors
     name = "quantized"
+    #: where the format was read when not from a `quant_method` (describe() says so)
+    origin: str | None = None
 
     def __init__(self, index: dict[str, TensorInfo] | None = None) -> None:
         self.index = index or {}

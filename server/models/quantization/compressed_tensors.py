@@ -55,7 +55,7 @@ def _scheme(group: dict) -> tuple[str, tuple[int, int] | None, bool]:
 
 
 class CompressedTensorsConfig(QuantConfig):
-    flags = ("fp8",)
+    flags = ("fp8", "compressed-tensors")    # the second: vLLM's name for these
     name = "compressed-tensors fp8"
 
     def __init__(self, index, kind: str, block, static_input: bool, fmt: str) -> None:

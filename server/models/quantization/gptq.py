@@ -3,9 +3,12 @@
 `quantization_config` (config.json, or quantize_config.json): `quant_method: gptq`,
 `bits: 4`, `group_size` (128, -1 for one group per column, ...), `desc_act`, `sym`,
 `checkpoint_format` (`gptq`: v1, zero points stored minus one; `gptq_v2`: as is),
-`lm_head: false`. Per layer: `qweight` int32 `[K // 8, N]`, `qzeros` int32
-`[ceil(K / G), N // 8]`, `scales` float16 `[ceil(K / G), N]`, `g_idx` int32 `[K]`
-(group of each input row; with act-order a permutation of the plain `k // G`), `bias`.
+`lm_head: false`; older AutoGPTQ's quantize_config.json has no `quant_method`
+(`bits`, `group_size`, `damp_percent`, `desc_act`, `static_groups`, `sym`,
+`true_sequential`, `model_name_or_path`, `model_file_base_name`). Per layer: `qweight`
+int32 `[K // 8, N]`, `qzeros` int32 `[ceil(K / G), N // 8]`, `scales` float16
+`[ceil(K / G), N]`, `g_idx` int32 `[K]` (group of each input row; with act-order a
+permutation of the plain `k // G`), `bias`.
 
 K need not be a multiple of G (the last group is short). With act-order the rows are
 sorted by group at load (so each group is contiguous again) and the GEMM gathers its
@@ -113,6 +116,9 @@ class GPTQConfig(QuantConfig):
             raise bad_config("GPTQ", "a quantized lm_head (lm_head: true)")
         if cfg.get("dynamic"):
             raise bad_config("GPTQ", "per-module `dynamic` overrides")
+        if cfg.get("is_marlin_format"):
+            raise bad_config("GPTQ", "is_marlin_format true (AutoGPTQ's Marlin repacking; "
+                             "only the gptq layout)")
         fmt = cfg.get("checkpoint_format", cfg.get("format", "gptq"))
         if fmt not in ("gptq", "gptq_v2"):
             raise bad_config("GPTQ", f"checkpoint_format {fmt!r} (gptq or gptq_v2)")
@@ -124,7 +130,7 @@ class GPTQConfig(QuantConfig):
 
     def describe(self) -> str:
         g = "per channel" if self.group_size <= 0 else f"group size {self.group_size}"
-        return (f"GPTQ 4-bit checkpoint (quant_method gptq, {g}, desc_act "
+        return (f"GPTQ 4-bit checkpoint ({self.origin or 'quant_method gptq'}, {g}, desc_act "
                 f"{str(self.desc_act).lower()}, sym {str(self.sym).lower()}, "
                 f"{'v1' if self.v1 else 'v2'} zero points)")
 
