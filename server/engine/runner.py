@@ -147,7 +147,8 @@ class ModelRunner:
         # KV heads this rank holds (all of them without tensor parallelism).
         self.num_kv_heads = self.model.attention_layers()[0].num_kv_heads
         if self.model.quant_info is not None:   # the quantized size and the KV room it frees
-            log.info("%s", self.model.quant_info.log_line(self.bytes_per_block() // self.block_size))
+            log.info("%s", self.model.quant_info.log_line(
+                self.bytes_per_block() // self.block_size, self._kv_from_free_memory()))
         self._setup_step_buffers()
         self.layout: CacheLayout | None = None
 
@@ -168,13 +169,19 @@ class ModelRunner:
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * elem
 
+    def _kv_from_free_memory(self) -> bool:
+        """Whether the KV cache is sized from the GPU memory left free (so smaller
+        weights make it larger), not fixed by a flag or the CPU budget."""
+        return (self.config.num_kv_blocks is None and self.config.kv_cache_memory is None
+                and self.device.type != "cpu")
+
     def _size_kv_cache(self) -> CacheLayout:
         per_block = self.bytes_per_block()
         log.info("Model weights: %.3g GiB (%s on %s)", self.weights_bytes / GiB,
                  str(self.dtype).removeprefix("torch."), self.device)
         if self.config.num_kv_blocks is not None:
             num_blocks = self.config.num_kv_blocks
-        elif self.config.kv_cache_memory is not None or self.device.type == "cpu":
+        elif not self._kv_from_free_memory():
             budget = self.config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
             num_blocks = budget // per_block
         else:

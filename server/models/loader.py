@@ -57,12 +57,17 @@ class QuantInfo:
     dense_bytes: int       # the same layers in the activation dtype
     dtype: str
 
-    def log_line(self, kv_bytes_per_token: int) -> str:
+    def log_line(self, kv_bytes_per_token: int, kv_from_free_memory: bool = True) -> str:
+        """`kv_from_free_memory`: the KV cache gets the memory the weights leave (a GPU
+        without --kv-cache-memory or --num-gpu-blocks-override); only then is the room
+        saved worth stating in KV tokens."""
+        line = (f"Quantized weights: {self.method}; linear layers {self.linear_bytes / GiB:.3g} "
+                f"GiB instead of {self.dense_bytes / GiB:.3g} GiB in {self.dtype}")
+        if not kv_from_free_memory:
+            return line
         saved = self.dense_bytes - self.linear_bytes
         tokens = saved // kv_bytes_per_token if kv_bytes_per_token else 0
-        return (f"Quantized weights: {self.method}; linear layers {self.linear_bytes / GiB:.3g} "
-                f"GiB instead of {self.dense_bytes / GiB:.3g} GiB in {self.dtype}, which leaves "
-                f"{saved / GiB:.3g} GiB more for the KV cache (~{tokens} tokens)")
+        return f"{line}, which leaves {saved / GiB:.3g} GiB more for the KV cache (~{tokens} tokens)"
 
 
 def _route(hf_name: str) -> tuple[str, str, object] | None:

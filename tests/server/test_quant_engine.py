@@ -126,8 +126,31 @@ def test_w8a8_path_tracks_the_dequantized_model(quantized):
 
 
 def test_startup_log_reports_the_quantized_size(quantized, caplog):
+    """The size the quantized weights take; the KV room they free only where the KV
+    cache is sized from free GPU memory (not on the CPU's fixed budget, nor with
+    --kv-cache-memory or --num-gpu-blocks-override, where the cache is the same size
+    whatever the weights save)."""
+    from types import SimpleNamespace
+
+    from pagefleet.server.config import EngineConfig
+    from pagefleet.server.engine.runner import ModelRunner
+
     qdir, _, flag = quantized("awq-g32")
     with caplog.at_level("INFO", logger="pagefleet.engine"):
-        LLM(qdir, max_model_len=128, max_num_seqs=2, quantization=flag)
+        llm = LLM(qdir, max_model_len=128, max_num_seqs=2, quantization=flag)
     line = next(r.getMessage() for r in caplog.records if "Quantized weights" in r.getMessage())
-    assert "AWQ 4-bit checkpoint" in line and "more for the KV cache" in line and "tokens" in line
+    assert "AWQ 4-bit checkpoint" in line and "GiB instead of" in line
+    assert "KV cache" not in line and "tokens" not in line     # the CPU: a fixed budget
+    info = llm.engine.runner.model.quant_info
+    gpu_line = info.log_line(1024, True)
+    assert gpu_line.startswith(line) and "more for the KV cache (~" in gpu_line
+
+    def sized_from_free_memory(device: str, **flags) -> bool:
+        runner = SimpleNamespace(config=EngineConfig(model="m", **flags),
+                                 device=torch.device(device))
+        return ModelRunner._kv_from_free_memory(runner)
+
+    assert sized_from_free_memory("cuda")
+    assert not sized_from_free_memory("cuda", kv_cache_memory=1 << 30)
+    assert not sized_from_free_memory("cuda", num_kv_blocks=100)
+    assert not sized_from_free_memory("cpu")
