@@ -5,7 +5,9 @@ Request path (`/v1/chat/completions`, `/v1/completions`):
     request id -> API key (401) -> rate limit (429) -> parse (400) -> model (404)
       -> render + tokenize per pool tokenizer -> smallest fitting context class (400)
       -> dispatcher: route now or wait in priority order (429 full / 503 timeout)
-      -> upstream call (retry elsewhere before the first byte) -> relay
+      -> upstream call (retry elsewhere before the first byte: connection failure,
+         first-byte timeout, replica left its pool, replica draining; else 502 / 504)
+      -> relay (idle timeout between chunks)
 
 Every response carries `X-Request-Id` (the client's, else a new one), which is also
 sent to the replica, so one id names the request in the gateway's and the server's
@@ -34,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagefleet.server.api.errors import APIError, error_body
+from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
 from pagefleet.server.gateway.admission import (
     APIKeys,
     RateLimiter,
@@ -56,10 +58,14 @@ from pagefleet.server.gateway.prompt import (
     resolve_chat_template,
 )
 from pagefleet.server.gateway.proxy import (
-    BEFORE_FIRST_BYTE,
+    RETRYABLE,
     STREAM_ERRORS,
+    FirstByteTimeout,
     RelayResponse,
+    ReplicaLost,
     connection_error,
+    is_draining,
+    read_body,
     response_headers,
     upstream_headers,
     wait_disconnect,
@@ -160,6 +166,9 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        # No read timeout here: the wait for the headers (--upstream-first-byte-timeout,
+        # cut short when the replica leaves its pool) and for each later chunk
+        # (--upstream-idle-timeout) are timed around the calls, where they can differ.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(
             connect=self.cfg.connect_timeout, read=None, write=60.0, pool=None), limits=limits)
         self.probe_client = httpx.AsyncClient(timeout=self.cfg.health_timeout)
@@ -333,35 +342,83 @@ class Gateway:
 
     async def _open(self, ticket: Ticket, res: Reservation, path: str, raw: bytes,
                     parsed: ParsedRequest, priority: int, request: Request):
-        """Send to the reserved replica; on a connection failure before the first byte,
-        release it (a failed check) and try the next pick."""
+        """Send to the reserved replica; when nothing came back from it (connection
+        failure, no headers in time, it left its pool meanwhile, or it is draining),
+        release it and try the next pick, up to --max-attempts replicas."""
         attempts = 0
         client_auth = request.headers.get("authorization")
         while True:
             attempts += 1
+            ep = res.endpoint
             req = self.client.build_request(
-                "POST", res.endpoint.spec.url + path,
+                "POST", ep.spec.url + path,
                 content=self.upstream_body(raw, parsed, res.pool, priority),
                 headers=upstream_headers(ticket.rid, client_auth, res.pool.spec.api_key))
+            last = attempts >= self.cfg.max_attempts
             try:
-                upstream = await self.client.send(req, stream=True)
-            except BEFORE_FIRST_BYTE as e:
-                log.warning("request %s: %s on %s (%s) before the first byte; %s", ticket.rid,
-                            type(e).__name__, res.endpoint.name, res.endpoint.spec.url,
-                            "retrying elsewhere" if attempts < self.cfg.max_attempts
-                            else "giving up")
+                upstream = await self._send(req, ep)
+                drained = upstream.status_code == 503 and await self._is_draining(upstream)
+            except RETRYABLE as e:
+                log.warning("request %s: %s (%s): %s before the first byte; %s", ticket.rid,
+                            ep.name, ep.spec.url, _why(e),
+                            "giving up" if last else "retrying elsewhere")
                 self.dispatcher.release(res, failed=True)
-                if attempts >= self.cfg.max_attempts:
-                    raise connection_error(ticket.rid, attempts, e) from None
+                if last:
+                    raise connection_error(ticket.rid, attempts, e,
+                                           self.cfg.upstream_first_byte_timeout) from None
                 self.metrics.retries.labels(ticket.model.name, res.pool.name).inc()
                 res = await self.dispatcher.acquire(ticket, retry=True)
                 continue
             except BaseException:
                 self.dispatcher.release(res)
                 raise
+            if drained:
+                log.warning("request %s: %s (%s) is shutting down and refused it; %s",
+                            ticket.rid, ep.name, ep.spec.url,
+                            "passing its 503 on" if last else "retrying elsewhere")
+                self.dispatcher.release(res, drained=True)
+                if not last:
+                    await upstream.aclose()
+                    self.metrics.retries.labels(ticket.model.name, res.pool.name).inc()
+                    res = await self.dispatcher.acquire(ticket, retry=True)
+                    continue
             if upstream.status_code < 400:
                 self.dispatcher.confirm(res)
             return res, upstream
+
+    async def _send(self, req: httpx.Request, ep: EndpointState) -> httpx.Response:
+        """The replica's response, once its headers are in. Raises FirstByteTimeout
+        past --upstream-first-byte-timeout, ReplicaLost when the replica leaves its
+        pool first (a frozen replica accepts connections and never answers; only its
+        failed health checks tell), or what the connection raised. The abandoned call
+        is cancelled, which closes its connection (the server aborts the request)."""
+        lost = ep.watch_lost()
+        call = asyncio.ensure_future(self.client.send(req, stream=True))
+        try:
+            await asyncio.wait({call, lost}, timeout=self.cfg.upstream_first_byte_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await _discard(call)
+            raise
+        finally:
+            ep.unwatch(lost)
+            lost.cancel()
+        if call.done():
+            return call.result()
+        await _discard(call)
+        if lost.done() and not lost.cancelled():
+            raise ReplicaLost()
+        raise FirstByteTimeout()
+
+    async def _is_draining(self, upstream: httpx.Response) -> bool:
+        """Whether this 503 is the replica's refusal while it shuts down (reads the
+        small error body, bounded by --upstream-idle-timeout; a body that does not come
+        reads as any other 503)."""
+        try:
+            await asyncio.wait_for(upstream.aread(), self.cfg.upstream_idle_timeout)
+        except (*STREAM_ERRORS, asyncio.TimeoutError):
+            return bool(upstream.headers.get(DRAINING_HEADER))
+        return is_draining(upstream)
 
     async def _respond(self, model: ModelState, res: Reservation, upstream: httpx.Response,
                        rid: str, timing: str) -> Response:
@@ -379,15 +436,20 @@ class Gateway:
             log.info("request %s: %d from %s, %s after %.3fs", rid, upstream.status_code,
                      res.endpoint.name, outcome, time.perf_counter() - t_start)
 
+        idle = self.cfg.upstream_idle_timeout
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return RelayResponse(upstream, headers, done, rid)
+            return RelayResponse(upstream, headers, done, rid, idle)
         outcome = "client_gone"
         try:
-            body = await upstream.aread()
+            body = await read_body(upstream, idle)
             outcome = "ok"
         except STREAM_ERRORS as e:
             outcome = "upstream_broken"
             raise APIError(502, f"the replica's response broke off: {type(e).__name__}") from None
+        except asyncio.TimeoutError:
+            outcome = "upstream_timeout"
+            raise APIError(504, f"the replica sent its headers, then nothing for {idle:g} s "
+                                f"(--upstream-idle-timeout)") from None
         finally:
             done(outcome)
             await upstream.aclose()
@@ -407,6 +469,26 @@ class Gateway:
                           "parent": None, "max_model_len": max(lens) if lens else None,
                           "permission": []})
         return {"object": "list", "data": cards}
+
+
+async def _discard(call: asyncio.Future) -> None:
+    """Cancel an upstream call we no longer want, or close the response it got."""
+    if not call.done():
+        call.cancel()
+    try:
+        response = await call
+    except BaseException:  # noqa: BLE001 - cancelled or failed: nothing to close
+        return
+    await response.aclose()
+
+
+def _why(e: BaseException) -> str:
+    """How a failed attempt is named in the log line."""
+    if isinstance(e, FirstByteTimeout):
+        return "no response headers within --upstream-first-byte-timeout"
+    if isinstance(e, ReplicaLost):
+        return "left its pool for failed health checks"
+    return type(e).__name__
 
 
 async def _until_disconnect(request: Request, work) -> Response:

@@ -3,37 +3,48 @@
 Each interval a replica gets one check: `/health` must answer 200 within the timeout;
 the same tick scrapes `/metrics` for `vllm:num_requests_running/_waiting`,
 `vllm:kv_cache_usage_perc` and `vllm:cache_config_info` (block size and KV capacity,
-which size the gateway's picture of its prefix cache). A pool whose context length is
-not configured learns it from a replica's `/v1/models` card.
+which size the gateway's picture of its prefix cache). A `/health` 200 that carries
+the server's draining header (it is shutting down) takes the replica out at once.
+When a replica leaves for failed checks, the requests still waiting for its response
+headers fail over to another replica. A pool whose context length is not configured
+learns it from a replica's `/v1/models` card.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 
-from pagefleet.server.gateway.health import ScrapedMetrics, on_check, parse_metrics
+from pagefleet.server.api.errors import DRAINING_HEADER
+from pagefleet.server.gateway.health import ScrapedMetrics, on_check, on_drain, parse_metrics
 from pagefleet.server.gateway.state import EndpointState
 
 log = logging.getLogger("pagefleet.gateway")
 
 
-async def check_once(client: httpx.AsyncClient, url: str) -> tuple[bool, ScrapedMetrics | None]:
+@dataclass(frozen=True)
+class Check:
+    ok: bool                                 # /health answered 200 in time
+    scraped: ScrapedMetrics | None = None
+    draining: bool = False                   # ... with the draining header
+
+
+async def check_once(client: httpx.AsyncClient, url: str) -> Check:
     try:
         health, metrics = await asyncio.gather(client.get(url + "/health"),
                                                client.get(url + "/metrics"),
                                                return_exceptions=True)
     except Exception:  # noqa: BLE001 - any failure is a failed check
-        return False, None
+        return Check(False)
     if isinstance(health, BaseException) or health.status_code != 200:
-        return False, None
+        return Check(False)
     scraped = None
     if not isinstance(metrics, BaseException) and metrics.status_code == 200:
         scraped = parse_metrics(metrics.text)
-    return True, scraped
+    return Check(True, scraped, bool(health.headers.get(DRAINING_HEADER)))
 
 
 async def learn_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> None:
@@ -51,9 +62,14 @@ async def learn_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> N
 
 
 def apply_check(ep: EndpointState, ok: bool, scraped: ScrapedMetrics | None,
-                threshold: int) -> str | None:
-    """Fold one check into the endpoint's state; returns 'joined', 'left' or None."""
-    ep.health, event = on_check(ep.health, ok, threshold)
+                threshold: int, draining: bool = False) -> str | None:
+    """Fold one check into the endpoint's state; returns 'joined', 'left' or None.
+    A draining replica leaves at once; one that leaves for failed checks has the
+    requests still waiting for its headers failed over."""
+    if draining:
+        ep.health, event = on_drain(ep.health)
+    else:
+        ep.health, event = on_check(ep.health, ok, threshold)
     pool = ep.pool
     if scraped is not None:
         ep.metrics = scraped
@@ -67,11 +83,18 @@ def apply_check(ep: EndpointState, ok: bool, scraped: ScrapedMetrics | None,
             pool.index.set_capacity(ep.name, scraped.num_gpu_blocks)
         log.info("endpoint %s (%s) joined pool %r of model %r", ep.name, ep.spec.url,
                  pool.name, pool.model.name)
+    elif event == "left" and draining:
+        pool.index.forget(ep.name)
+        ep.metrics = ScrapedMetrics()
+        log.warning("endpoint %s (%s) left pool %r: it is shutting down (draining); back "
+                    "once a check finds it restarted", ep.name, ep.spec.url, pool.name)
     elif event == "left":
         pool.index.forget(ep.name)
         ep.metrics = ScrapedMetrics()
-        log.warning("endpoint %s (%s) left pool %r: %d failed checks in a row", ep.name,
-                    ep.spec.url, pool.name, ep.health.failures)
+        n = ep.fail_pending()
+        log.warning("endpoint %s (%s) left pool %r: %d failed checks in a row%s", ep.name,
+                    ep.spec.url, pool.name, ep.health.failures,
+                    f"; failing over {n} request(s) still waiting for its answer" if n else "")
     return event
 
 
@@ -80,16 +103,18 @@ async def probe_forever(ep: EndpointState, client: httpx.AsyncClient, interval: 
     """Check `ep` every `interval` seconds until it leaves the fleet."""
     while not ep.removed:
         before = ep.inflight
-        ok, scraped = await check_once(client, ep.spec.url)
+        check = await check_once(client, ep.spec.url)
         if ep.removed:
             return
+        scraped = check.scraped
         if scraped is not None:   # ours there at the scrape: at most this many
             scraped = replace(scraped, own_inflight=max(before, ep.inflight))
-        if ok and ep.pool.spec.max_model_len is None and ep.pool.learned_max_model_len is None:
+        if check.ok and not check.draining and ep.pool.spec.max_model_len is None \
+                and ep.pool.learned_max_model_len is None:
             await learn_max_model_len(client, ep)    # before it takes traffic
             if ep.removed:
                 return
-        event = apply_check(ep, ok, scraped, threshold)
+        event = apply_check(ep, check.ok, scraped, threshold, check.draining)
         if event is not None:
             on_event(ep, event)
         await asyncio.sleep(interval)
