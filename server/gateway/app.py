@@ -2,7 +2,8 @@
 
 Request path (`/v1/chat/completions`, `/v1/completions`):
 
-    request id -> API key (401) -> rate limit (429) -> parse (400) -> model (404)
+    request id -> body cap (413 / 408, before the body is read) -> API key (401)
+      -> rate limit (429) -> parse (400) -> model (404)
       -> render + tokenize per pool tokenizer -> smallest fitting context class (400)
       -> dispatcher: route now or wait in priority order (429 full / 503 timeout)
       -> upstream call (retry elsewhere before the first byte: connection failure,
@@ -36,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pagefleet.server.api.body_limit import BodyLimitMiddleware
 from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
 from pagefleet.server.gateway.admission import (
     APIKeys,
@@ -79,13 +81,41 @@ ENDPOINT_HEADER = "x-pagefleet-endpoint"
 TOKENIZER_STARTUP_WAIT_S = 120.0
 
 
+def new_request_id(given: str | None) -> str:
+    """The client's X-Request-Id, cleaned, else a new one."""
+    return _SAFE_ID.sub("_", given)[:128] if given else uuid.uuid4().hex
+
+
 def request_id(request: Request) -> str:
-    rid = getattr(request.state, "rid", None)
+    rid = getattr(request.state, "request_id", None)
     if rid is None:
-        given = request.headers.get("x-request-id")
-        rid = _SAFE_ID.sub("_", given)[:128] if given else uuid.uuid4().hex
-        request.state.rid = rid
+        rid = request.state.request_id = new_request_id(request.headers.get("x-request-id"))
     return rid
+
+
+class RequestIdMiddleware:
+    """Names every request before anything else runs, so the answers that the body cap
+    gives without reaching a handler (413, 408) carry X-Request-Id and log it too."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v.decode("latin-1") for k, v in scope["headers"]
+                      if k == b"x-request-id"), None)
+        rid = new_request_id(given)
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(msg):
+            if msg["type"] == "http.response.start" and not any(
+                    k.lower() == b"x-request-id" for k, _ in msg.get("headers", ())):
+                msg = {**msg, "headers": [*msg.get("headers", ()),
+                                          (b"x-request-id", rid.encode())]}
+            await send(msg)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def bearer(request: Request) -> str | None:
@@ -571,6 +601,11 @@ def build_app(gateway: Gateway) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: unexpected})
     app.state.gateway = gateway
+    # The body cap runs before any handler reads (and tokenizes) a body: one oversized
+    # body used to cost the gateway seconds of CPU and gigabytes of memory per request.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=gateway.cfg.max_request_body_bytes,
+                       timeout=gateway.cfg.request_body_timeout)
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

@@ -285,3 +285,34 @@ def test_priority_reaches_the_servers_only_when_they_schedule_by_it(backends, tm
         assert direct.status_code == (400 if policy == "fcfs" else 200)
     finally:
         gw.stop()
+
+
+def test_an_oversized_body_gets_413_before_the_gateway_reads_it(backends, tmp_path):
+    """--max-request-body-bytes, as on the server: a body over it is refused from its
+    Content-Length (or, chunked, from its bytes so far) before it is parsed or
+    tokenized; one under it is served."""
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [pool(backends["short-0"])]}])
+    gw = GatewayThread(f, max_request_body_bytes=2000).start()
+    gw.wait_ready_endpoints("tiny", 1)
+    big = {**body(), "prompt": "hello " * 400}                # about 2.4 KB
+
+    def chunked():
+        raw = yaml.safe_dump(big).encode()    # any bytes: refused before parsing
+        for i in range(0, len(raw), 500):
+            yield raw[i:i + 500]
+
+    try:
+        with httpx.Client(base_url=gw.url, timeout=60) as c:
+            for r in (c.post("/v1/completions", json=big),
+                      c.post("/v1/completions", content=chunked(),
+                             headers={"X-Request-Id": "too-big"})):
+                assert r.status_code == 413, r.text
+                err = r.json()["error"]
+                assert err["code"] == 413 and err["type"] == "RequestTooLargeError"
+                assert "--max-request-body-bytes 2000" in err["message"]
+                assert r.headers.get("x-request-id")
+            assert r.headers["x-request-id"] == "too-big"
+            ok = c.post("/v1/completions", json={**body(), "prompt": "hello " * 200})
+            assert ok.status_code == 200, ok.text
+    finally:
+        gw.stop()
