@@ -6,8 +6,13 @@ the same tick scrapes `/metrics` for `vllm:num_requests_running/_waiting`,
 which size the gateway's picture of its prefix cache). A `/health` 200 that carries
 the server's draining header (it is shutting down) takes the replica out at once.
 When a replica leaves for failed checks, the requests still waiting for its response
-headers fail over to another replica. A pool whose context length is not configured
-learns it from a replica's `/v1/models` card.
+headers fail over to another replica.
+
+A pool whose context length is not configured learns it from a replica: its
+`/v1/models` card (with the pool's `api_key`, else none), else `/tokenize`, which
+pagefleet and vLLM servers serve without an API key, so pools whose clients' keys are
+passed through (no `api_key` in the pool) learn it too. If neither answers, a warning
+says so once: the pool is then treated as holding any prompt.
 """
 
 from __future__ import annotations
@@ -47,18 +52,53 @@ async def check_once(client: httpx.AsyncClient, url: str) -> Check:
     return Check(True, scraped, bool(health.headers.get(DRAINING_HEADER)))
 
 
-async def learn_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> None:
-    headers = {"authorization": f"Bearer {ep.pool.spec.api_key}"} if ep.pool.spec.api_key else {}
-    try:
-        r = await client.get(ep.spec.url + "/v1/models", headers=headers)
-        cards = r.json().get("data") or []
-        mml = int(cards[0]["max_model_len"])
-    except Exception as e:  # noqa: BLE001 - optional knowledge; retried next check
-        log.debug("endpoint %s: no max_model_len from /v1/models: %s", ep.name, e)
-        return
+async def _card_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> int:
+    """max_model_len from the replica's /v1/models (needs the key when it wants one)."""
+    key = ep.pool.spec.api_key
+    r = await client.get(ep.spec.url + "/v1/models",
+                         headers={"authorization": f"Bearer {key}"} if key else {})
+    r.raise_for_status()
+    return int((r.json().get("data") or [])[0]["max_model_len"])
+
+
+async def _tokenize_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> int:
+    """max_model_len from the replica's /tokenize answer, which needs no API key."""
+    r = await client.post(ep.spec.url + "/tokenize", json={"prompt": ""})
+    r.raise_for_status()
+    return int(r.json()["max_model_len"])
+
+
+async def learn_max_model_len(client: httpx.AsyncClient, ep: EndpointState) -> bool:
+    """Learn the pool's context length from this replica; False (and a warning, once
+    per pool) when it cannot: the pool then takes prompts of any length, so the
+    long/short split does not work until `max_model_len` is set on the pool."""
+    errors = []
+    for source, ask in (("/v1/models", _card_max_model_len),
+                        ("/tokenize", _tokenize_max_model_len)):
+        try:
+            mml = await ask(client, ep)
+            break
+        except Exception as e:  # noqa: BLE001 - optional knowledge; retried next check
+            errors.append(f"{source}: {_describe(e)}")
+    else:
+        if not ep.pool.max_model_len_warned:
+            ep.pool.max_model_len_warned = True
+            log.warning("pool %r: cannot learn max_model_len from endpoint %s (%s); until "
+                        "it can, the pool is treated as holding prompts of any length. Set "
+                        "max_model_len on the pool (or api_key, if its servers want one)",
+                        ep.pool.name, ep.name, "; ".join(errors))
+        return False
     if ep.pool.learned_max_model_len != mml:
         ep.pool.learned_max_model_len = mml
-        log.info("pool %r: max_model_len %d (from %s)", ep.pool.name, mml, ep.name)
+        log.info("pool %r: max_model_len %d (from %s's %s)", ep.pool.name, mml, ep.name,
+                 source)
+    return True
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def apply_check(ep: EndpointState, ok: bool, scraped: ScrapedMetrics | None,

@@ -82,6 +82,7 @@ class PoolState:
     endpoints: dict[str, EndpointState] = field(default_factory=dict)
     learned_max_model_len: int | None = None
     learned_block_size: int | None = None
+    max_model_len_warned: bool = False      # said once that it cannot be learned
     rr_counter: int = 0
     _ring: HashRing | None = None
 
