@@ -41,6 +41,7 @@ from pagefleet.server.api.body_limit import BodyLimitMiddleware
 from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
 from pagefleet.server.gateway.admission import (
     APIKeys,
+    KeyInfo,
     RateLimiter,
     default_limit,
     retry_after_header,
@@ -251,15 +252,21 @@ class Gateway:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
         return m
 
+    def authenticate(self, request: Request) -> KeyInfo | None:
+        """The caller's key (None without --api-keys-file); 401 for a missing or
+        unknown one."""
+        if self.api_keys is None:
+            return None
+        info = self.api_keys.lookup(bearer(request))
+        if info is None:
+            raise APIError(401, "Unauthorized: a valid 'Authorization: Bearer <key>' "
+                                "header is required", None, {"WWW-Authenticate": "Bearer"})
+        return info
+
     def check_key(self, request: Request) -> str:
         """API key check and rate limit; returns the key's name for logs."""
         token = bearer(request)
-        info = None
-        if self.api_keys is not None:
-            info = self.api_keys.lookup(token)
-            if info is None:
-                raise APIError(401, "Unauthorized: a valid 'Authorization: Bearer <key>' "
-                                    "header is required", None, {"WWW-Authenticate": "Bearer"})
+        info = self.authenticate(request)
         key_id = f"name:{info.name}" if info else (f"token:{token}" if token else "anonymous")
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())
         if wait > 0:
@@ -561,7 +568,12 @@ def build_app(gateway: Gateway) -> Starlette:
         return handler
 
     async def models(request: Request) -> Response:
-        return json_response(gateway.models_body(), headers={"x-request-id": request_id(request)})
+        rid = request_id(request)
+        try:
+            gateway.authenticate(request)       # /v1/* needs a key with --api-keys-file
+        except APIError as e:
+            return error_response(e, rid)
+        return json_response(gateway.models_body(), headers={"x-request-id": rid})
 
     async def health(request: Request) -> Response:
         ready = {m.name: sum(len(p.ready_endpoints()) for p in m.pools.values())

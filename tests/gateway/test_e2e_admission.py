@@ -316,3 +316,25 @@ def test_an_oversized_body_gets_413_before_the_gateway_reads_it(backends, tmp_pa
             assert ok.status_code == 200, ok.text
     finally:
         gw.stop()
+
+
+def test_models_list_needs_a_key_with_an_api_keys_file(backends, tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"key": "sk-a", "name": "a"}]}))
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [pool(backends["short-0"])]}])
+    gw = GatewayThread(f, api_keys_file=str(keys)).start()
+    gw.wait_ready_endpoints("tiny", 1)
+    try:
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            r = httpx.get(gw.url + "/v1/models", headers=headers, timeout=30)
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["type"] == "AuthenticationError"
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = httpx.get(gw.url + "/v1/models", headers={"Authorization": "Bearer sk-a"},
+                      timeout=30)
+        assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["tiny"]
+        # /health and /metrics stay open for probes and scrapers.
+        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+        assert httpx.get(gw.url + "/metrics", timeout=30).status_code == 200
+    finally:
+        gw.stop()
