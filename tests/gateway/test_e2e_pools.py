@@ -242,3 +242,17 @@ def test_pools_of_keyed_servers_learn_their_context_without_the_key(
         gw.stop()
         deaf.close()
         keyed.close()
+
+
+def test_gateway_command_on_port_0_logs_the_port_it_took(backends, tmp_path):
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [
+        {"name": "p", "max_model_len": 256, "endpoints": [ep(backends["short-1"])]}]}])
+    gw = GatewayProcess(["--models-file", str(f)], tmp_path / "gateway.log", port=0)
+    try:
+        gw.wait_ready()           # inside the try: a gateway that is never found is stopped
+        assert gw.port != 0
+        assert f"gateway starting on http://127.0.0.1:{gw.port} " in gw.output()
+        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+    finally:
+        gw.close()
+    assert gw.proc.returncode == 0
