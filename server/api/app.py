@@ -22,7 +22,13 @@ from starlette.requests import ClientDisconnect
 from pagefleet.server.api import protocol as P
 from pagefleet.server.api.auth import APIKeyMiddleware
 from pagefleet.server.api.body_limit import BodyLimitMiddleware
-from pagefleet.server.api.errors import APIError, error_response, install_error_handlers, to_api_error
+from pagefleet.server.api.errors import (
+    DRAINING_HEADER,
+    APIError,
+    error_response,
+    install_error_handlers,
+    to_api_error,
+)
 from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
 from pagefleet.server.api.request_id import RequestIdMiddleware
 from pagefleet.server.api.serving import OpenAIServing, cancel_on_disconnect
@@ -171,8 +177,10 @@ def build_app(served, server_cfg: ServerConfig, *,
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         # Alive engine loop -> 200, also while draining: a liveness probe failing during
-        # the drain would get the pod killed before its in-flight requests finish.
-        return Response(status_code=200 if async_engine.is_alive else 503)
+        # the drain would get the pod killed before its in-flight requests finish. The
+        # draining header tells load balancers (the gateway) to send no new requests.
+        headers = {DRAINING_HEADER: "1"} if async_engine.is_draining else None
+        return Response(status_code=200 if async_engine.is_alive else 503, headers=headers)
 
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:

@@ -34,7 +34,7 @@ import json
 import logging
 import time
 
-from pagefleet.server.api.errors import RETRY_AFTER_SECONDS, error_body
+from pagefleet.server.api.errors import DRAINING_HEADER, RETRY_AFTER_SECONDS, error_body
 
 log = logging.getLogger("pagefleet.api")
 
@@ -94,6 +94,7 @@ class BodyLimitMiddleware:
                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
         if status == 503:     # as every 503: another replica can take it
             headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+            headers.append((DRAINING_HEADER.lower().encode(), b"1"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

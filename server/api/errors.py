@@ -16,7 +16,11 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from pagefleet.server.engine.async_engine import EngineUnavailableError, QueueFullError
+from pagefleet.server.engine.async_engine import (
+    EngineUnavailableError,
+    QueueFullError,
+    ServerDrainingError,
+)
 from pagefleet.server.engine.engine import RequestRejected
 from pagefleet.server.engine.sampling_params import SamplingParamsError
 
@@ -37,6 +41,11 @@ ERROR_TYPES = {
     503: "ServiceUnavailableError",
 }
 RETRY_AFTER_SECONDS = 1
+# Set (value "1") on /health and on the 503 of a request refused while the server drains
+# for shutdown: /health itself stays 200 then (a liveness probe must not cut the drain
+# short), so this is how a load balancer such as `pagefleet gateway` tells a draining
+# replica from a live one and sends the request elsewhere.
+DRAINING_HEADER = "X-Pagefleet-Draining"
 
 
 class APIError(Exception):
@@ -71,6 +80,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineUnavailableError):
         # A 503 the client may retry (queue timeout, draining) says when, as the 429 does.
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 503 else None
+        if isinstance(exc, ServerDrainingError):
+            headers = {**(headers or {}), DRAINING_HEADER: "1"}
         return APIError(exc.status, str(exc), None, headers)
     if isinstance(exc, SamplingParamsError):
         return APIError(400, str(exc), exc.param)

@@ -2,10 +2,13 @@
 
 Request path (`/v1/chat/completions`, `/v1/completions`):
 
-    request id -> API key (401) -> rate limit (429) -> parse (400) -> model (404)
+    request id -> body cap (413 / 408, before the body is read) -> API key (401)
+      -> rate limit (429) -> parse (400) -> model (404)
       -> render + tokenize per pool tokenizer -> smallest fitting context class (400)
       -> dispatcher: route now or wait in priority order (429 full / 503 timeout)
-      -> upstream call (retry elsewhere before the first byte) -> relay
+      -> upstream call (retry elsewhere before the first byte: connection failure,
+         first-byte timeout, replica left its pool, replica draining; else 502 / 504)
+      -> relay (idle timeout between chunks)
 
 Every response carries `X-Request-Id` (the client's, else a new one), which is also
 sent to the replica, so one id names the request in the gateway's and the server's
@@ -34,9 +37,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagefleet.server.api.errors import APIError, error_body
+from pagefleet.server.api.body_limit import BodyLimitMiddleware
+from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
 from pagefleet.server.gateway.admission import (
     APIKeys,
+    KeyInfo,
     RateLimiter,
     default_limit,
     retry_after_header,
@@ -56,10 +61,14 @@ from pagefleet.server.gateway.prompt import (
     resolve_chat_template,
 )
 from pagefleet.server.gateway.proxy import (
-    BEFORE_FIRST_BYTE,
+    RETRYABLE,
     STREAM_ERRORS,
+    FirstByteTimeout,
     RelayResponse,
+    ReplicaLost,
     connection_error,
+    is_draining,
+    read_body,
     response_headers,
     upstream_headers,
     wait_disconnect,
@@ -73,13 +82,41 @@ ENDPOINT_HEADER = "x-pagefleet-endpoint"
 TOKENIZER_STARTUP_WAIT_S = 120.0
 
 
+def new_request_id(given: str | None) -> str:
+    """The client's X-Request-Id, cleaned, else a new one."""
+    return _SAFE_ID.sub("_", given)[:128] if given else uuid.uuid4().hex
+
+
 def request_id(request: Request) -> str:
-    rid = getattr(request.state, "rid", None)
+    rid = getattr(request.state, "request_id", None)
     if rid is None:
-        given = request.headers.get("x-request-id")
-        rid = _SAFE_ID.sub("_", given)[:128] if given else uuid.uuid4().hex
-        request.state.rid = rid
+        rid = request.state.request_id = new_request_id(request.headers.get("x-request-id"))
     return rid
+
+
+class RequestIdMiddleware:
+    """Names every request before anything else runs, so the answers that the body cap
+    gives without reaching a handler (413, 408) carry X-Request-Id and log it too."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v.decode("latin-1") for k, v in scope["headers"]
+                      if k == b"x-request-id"), None)
+        rid = new_request_id(given)
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(msg):
+            if msg["type"] == "http.response.start" and not any(
+                    k.lower() == b"x-request-id" for k, _ in msg.get("headers", ())):
+                msg = {**msg, "headers": [*msg.get("headers", ()),
+                                          (b"x-request-id", rid.encode())]}
+            await send(msg)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def bearer(request: Request) -> str | None:
@@ -160,6 +197,9 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        # No read timeout here: the wait for the headers (--upstream-first-byte-timeout,
+        # cut short when the replica leaves its pool) and for each later chunk
+        # (--upstream-idle-timeout) are timed around the calls, where they can differ.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(
             connect=self.cfg.connect_timeout, read=None, write=60.0, pool=None), limits=limits)
         self.probe_client = httpx.AsyncClient(timeout=self.cfg.health_timeout)
@@ -212,15 +252,21 @@ class Gateway:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
         return m
 
+    def authenticate(self, request: Request) -> KeyInfo | None:
+        """The caller's key (None without --api-keys-file); 401 for a missing or
+        unknown one."""
+        if self.api_keys is None:
+            return None
+        info = self.api_keys.lookup(bearer(request))
+        if info is None:
+            raise APIError(401, "Unauthorized: a valid 'Authorization: Bearer <key>' "
+                                "header is required", None, {"WWW-Authenticate": "Bearer"})
+        return info
+
     def check_key(self, request: Request) -> str:
         """API key check and rate limit; returns the key's name for logs."""
         token = bearer(request)
-        info = None
-        if self.api_keys is not None:
-            info = self.api_keys.lookup(token)
-            if info is None:
-                raise APIError(401, "Unauthorized: a valid 'Authorization: Bearer <key>' "
-                                    "header is required", None, {"WWW-Authenticate": "Bearer"})
+        info = self.authenticate(request)
         key_id = f"name:{info.name}" if info else (f"token:{token}" if token else "anonymous")
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())
         if wait > 0:
@@ -333,35 +379,83 @@ class Gateway:
 
     async def _open(self, ticket: Ticket, res: Reservation, path: str, raw: bytes,
                     parsed: ParsedRequest, priority: int, request: Request):
-        """Send to the reserved replica; on a connection failure before the first byte,
-        release it (a failed check) and try the next pick."""
+        """Send to the reserved replica; when nothing came back from it (connection
+        failure, no headers in time, it left its pool meanwhile, or it is draining),
+        release it and try the next pick, up to --max-attempts replicas."""
         attempts = 0
         client_auth = request.headers.get("authorization")
         while True:
             attempts += 1
+            ep = res.endpoint
             req = self.client.build_request(
-                "POST", res.endpoint.spec.url + path,
+                "POST", ep.spec.url + path,
                 content=self.upstream_body(raw, parsed, res.pool, priority),
                 headers=upstream_headers(ticket.rid, client_auth, res.pool.spec.api_key))
+            last = attempts >= self.cfg.max_attempts
             try:
-                upstream = await self.client.send(req, stream=True)
-            except BEFORE_FIRST_BYTE as e:
-                log.warning("request %s: %s on %s (%s) before the first byte; %s", ticket.rid,
-                            type(e).__name__, res.endpoint.name, res.endpoint.spec.url,
-                            "retrying elsewhere" if attempts < self.cfg.max_attempts
-                            else "giving up")
+                upstream = await self._send(req, ep)
+                drained = upstream.status_code == 503 and await self._is_draining(upstream)
+            except RETRYABLE as e:
+                log.warning("request %s: %s (%s): %s before the first byte; %s", ticket.rid,
+                            ep.name, ep.spec.url, _why(e),
+                            "giving up" if last else "retrying elsewhere")
                 self.dispatcher.release(res, failed=True)
-                if attempts >= self.cfg.max_attempts:
-                    raise connection_error(ticket.rid, attempts, e) from None
+                if last:
+                    raise connection_error(ticket.rid, attempts, e,
+                                           self.cfg.upstream_first_byte_timeout) from None
                 self.metrics.retries.labels(ticket.model.name, res.pool.name).inc()
                 res = await self.dispatcher.acquire(ticket, retry=True)
                 continue
             except BaseException:
                 self.dispatcher.release(res)
                 raise
+            if drained:
+                log.warning("request %s: %s (%s) is shutting down and refused it; %s",
+                            ticket.rid, ep.name, ep.spec.url,
+                            "passing its 503 on" if last else "retrying elsewhere")
+                self.dispatcher.release(res, drained=True)
+                if not last:
+                    await upstream.aclose()
+                    self.metrics.retries.labels(ticket.model.name, res.pool.name).inc()
+                    res = await self.dispatcher.acquire(ticket, retry=True)
+                    continue
             if upstream.status_code < 400:
                 self.dispatcher.confirm(res)
             return res, upstream
+
+    async def _send(self, req: httpx.Request, ep: EndpointState) -> httpx.Response:
+        """The replica's response, once its headers are in. Raises FirstByteTimeout
+        past --upstream-first-byte-timeout, ReplicaLost when the replica leaves its
+        pool first (a frozen replica accepts connections and never answers; only its
+        failed health checks tell), or what the connection raised. The abandoned call
+        is cancelled, which closes its connection (the server aborts the request)."""
+        lost = ep.watch_lost()
+        call = asyncio.ensure_future(self.client.send(req, stream=True))
+        try:
+            await asyncio.wait({call, lost}, timeout=self.cfg.upstream_first_byte_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await _discard(call)
+            raise
+        finally:
+            ep.unwatch(lost)
+            lost.cancel()
+        if call.done():
+            return call.result()
+        await _discard(call)
+        if lost.done() and not lost.cancelled():
+            raise ReplicaLost()
+        raise FirstByteTimeout()
+
+    async def _is_draining(self, upstream: httpx.Response) -> bool:
+        """Whether this 503 is the replica's refusal while it shuts down (reads the
+        small error body, bounded by --upstream-idle-timeout; a body that does not come
+        reads as any other 503)."""
+        try:
+            await asyncio.wait_for(upstream.aread(), self.cfg.upstream_idle_timeout)
+        except (*STREAM_ERRORS, asyncio.TimeoutError):
+            return bool(upstream.headers.get(DRAINING_HEADER))
+        return is_draining(upstream)
 
     async def _respond(self, model: ModelState, res: Reservation, upstream: httpx.Response,
                        rid: str, timing: str) -> Response:
@@ -379,15 +473,20 @@ class Gateway:
             log.info("request %s: %d from %s, %s after %.3fs", rid, upstream.status_code,
                      res.endpoint.name, outcome, time.perf_counter() - t_start)
 
+        idle = self.cfg.upstream_idle_timeout
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return RelayResponse(upstream, headers, done, rid)
+            return RelayResponse(upstream, headers, done, rid, idle)
         outcome = "client_gone"
         try:
-            body = await upstream.aread()
+            body = await read_body(upstream, idle)
             outcome = "ok"
         except STREAM_ERRORS as e:
             outcome = "upstream_broken"
             raise APIError(502, f"the replica's response broke off: {type(e).__name__}") from None
+        except asyncio.TimeoutError:
+            outcome = "upstream_timeout"
+            raise APIError(504, f"the replica sent its headers, then nothing for {idle:g} s "
+                                f"(--upstream-idle-timeout)") from None
         finally:
             done(outcome)
             await upstream.aclose()
@@ -407,6 +506,26 @@ class Gateway:
                           "parent": None, "max_model_len": max(lens) if lens else None,
                           "permission": []})
         return {"object": "list", "data": cards}
+
+
+async def _discard(call: asyncio.Future) -> None:
+    """Cancel an upstream call we no longer want, or close the response it got."""
+    if not call.done():
+        call.cancel()
+    try:
+        response = await call
+    except BaseException:  # noqa: BLE001 - cancelled or failed: nothing to close
+        return
+    await response.aclose()
+
+
+def _why(e: BaseException) -> str:
+    """How a failed attempt is named in the log line."""
+    if isinstance(e, FirstByteTimeout):
+        return "no response headers within --upstream-first-byte-timeout"
+    if isinstance(e, ReplicaLost):
+        return "left its pool for failed health checks"
+    return type(e).__name__
 
 
 async def _until_disconnect(request: Request, work) -> Response:
@@ -449,7 +568,12 @@ def build_app(gateway: Gateway) -> Starlette:
         return handler
 
     async def models(request: Request) -> Response:
-        return json_response(gateway.models_body(), headers={"x-request-id": request_id(request)})
+        rid = request_id(request)
+        try:
+            gateway.authenticate(request)       # /v1/* needs a key with --api-keys-file
+        except APIError as e:
+            return error_response(e, rid)
+        return json_response(gateway.models_body(), headers={"x-request-id": rid})
 
     async def health(request: Request) -> Response:
         ready = {m.name: sum(len(p.ready_endpoints()) for p in m.pools.values())
@@ -489,6 +613,11 @@ def build_app(gateway: Gateway) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: unexpected})
     app.state.gateway = gateway
+    # The body cap runs before any handler reads (and tokenizes) a body: one oversized
+    # body used to cost the gateway seconds of CPU and gigabytes of memory per request.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=gateway.cfg.max_request_body_bytes,
+                       timeout=gateway.cfg.request_body_timeout)
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

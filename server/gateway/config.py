@@ -70,6 +70,23 @@ class GatewayConfig:
     connect_timeout: float = opt(5.0, "Seconds to connect to a replica.")
     max_attempts: int = opt(3, "Replicas tried for one request when connections fail "
                             "before the first byte.")
+    upstream_first_byte_timeout: float = opt(
+        600.0, "Seconds a replica has to send its response headers (a stream's come with "
+        "its first token, after queueing and prefill; a non-streamed answer's only when "
+        "the whole generation is done). Past it the request is retried on another "
+        "replica (nothing reached the client yet), else 504. 600 s is the OpenAI "
+        "clients' own default timeout; a frozen replica is failed over sooner, as soon "
+        "as its health checks take it out of the pool.")
+    upstream_idle_timeout: float = opt(
+        120.0, "Seconds a replica may go silent once its response has started (between "
+        "two streamed chunks, or before a non-streamed body). Past it a stream ends with "
+        "an SSE error event and data: [DONE], a non-streamed answer with 504.")
+    max_request_body_bytes: int = opt(32 << 20, "Largest request body accepted; larger "
+                                      "ones get 413 before they are read or tokenized "
+                                      "(as the server's flag).")
+    request_body_timeout: float = opt(
+        60.0, "Seconds a client may take to send its whole request body, counted from "
+        "its headers; past it: 408 and the connection closes (as the server's flag).")
     endpoint_header: bool = opt(True, "Add X-Pagefleet-Endpoint (the replica that served) "
                                 "to responses.")
     uvicorn_log_level: str = opt("warning", "Log level of uvicorn's own loggers.",
@@ -99,5 +116,10 @@ class GatewayConfig:
         need(self.unhealthy_threshold >= 1, "unhealthy-threshold", "must be >= 1")
         need(self.connect_timeout > 0, "connect-timeout", "must be > 0")
         need(self.max_attempts >= 1, "max-attempts", "must be >= 1")
+        need(self.upstream_first_byte_timeout > 0, "upstream-first-byte-timeout",
+             "must be > 0")
+        need(self.upstream_idle_timeout > 0, "upstream-idle-timeout", "must be > 0")
+        need(self.max_request_body_bytes >= 1, "max-request-body-bytes", "must be >= 1")
+        need(self.request_body_timeout > 0, "request-body-timeout", "must be > 0")
         need(self.timeout_keep_alive > 0, "timeout-keep-alive", "must be > 0")
         need(self.reload_interval > 0, "reload-interval", "must be > 0")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pagefleet.server.api.errors import APIError
 from pagefleet.server.gateway.admission import Queued, admit
-from pagefleet.server.gateway.health import on_check
+from pagefleet.server.gateway.health import on_check, on_drain
 from pagefleet.server.gateway.prefix import PromptBlocks, prompt_blocks, ring_key
 from pagefleet.server.gateway.routing import Candidate, Decision, RouteSettings, route
 from pagefleet.server.gateway.state import EndpointState, ModelState, PoolState
@@ -269,20 +269,32 @@ class Dispatcher:
         if res.blocks is not None and res.endpoint.health.incarnation == res.incarnation:
             res.pool.index.record(res.endpoint.name, res.blocks, res.root, time.monotonic())
 
-    def release(self, res: Reservation, *, failed: bool = False) -> None:
-        """The request is done with the replica (failed: its connection failed, which
-        counts as a failed health check and excludes it for this ticket)."""
+    def release(self, res: Reservation, *, failed: bool = False,
+                drained: bool = False) -> None:
+        """The request is done with the replica. failed: its connection failed or it
+        did not answer in time, which counts as a failed health check and excludes it
+        for this ticket. drained: it refused the request because it is shutting down,
+        which takes it out of its pool at once (until a check finds it restarted)."""
         if res.released:
             return
         res.released = True
         ep = res.endpoint
         ep.inflight -= 1
-        if failed:
+        if failed or drained:
             res.ticket.excluded.add((res.pool.name, ep.name, res.incarnation))
-            if ep.health.incarnation == res.incarnation:
+        if (failed or drained) and ep.health.incarnation == res.incarnation:
+            if drained:
+                ep.health, event = on_drain(ep.health)
+            else:
                 ep.health, event = on_check(ep.health, False, self.s.unhealthy_threshold)
-                if event == "left":
-                    res.pool.index.forget(ep.name)
+            if event == "left":
+                res.pool.index.forget(ep.name)
+                if drained:
+                    log.warning("endpoint %s (%s) left pool %r: it is shutting down "
+                                "(draining); back once a check finds it restarted",
+                                ep.name, ep.spec.url, res.pool.name)
+                else:
                     log.warning("endpoint %s (%s) left pool %r: %d failed checks in a row",
                                 ep.name, ep.spec.url, res.pool.name, ep.health.failures)
+                    ep.fail_pending()
         self.pump(res.pool.model.name)

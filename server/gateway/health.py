@@ -35,6 +35,16 @@ def on_check(h: Health, ok: bool, threshold: int) -> tuple[Health, str | None]:
     return replace(h, failures=failures), None
 
 
+def on_drain(h: Health) -> tuple[Health, str | None]:
+    """The replica said it is shutting down (its /health carries the draining header,
+    or it refused a request with the draining 503): out of the pool at once, not after
+    `threshold` checks, since every request sent there would be refused. It comes back
+    as a new incarnation when a check finds it serving again (restarted)."""
+    if h.ready:
+        return Health(ready=False, failures=h.failures, incarnation=h.incarnation), "left"
+    return h, None
+
+
 # -- /metrics -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ScrapedMetrics:

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from pagefleet.server.api.serve import bind_listener
 from pagefleet.server.config import ConfigError
 from pagefleet.server.gateway.config import GatewayConfig
 
@@ -93,7 +94,19 @@ def run_gateway(cfg: GatewayConfig) -> int:
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             timeout_keep_alive=cfg.timeout_keep_alive)
     server = _server_class()(config)
+    # Bind here, as `pagefleet serve` does, so the log names the port really taken
+    # (--port 0 picks a free one) and a port in use is a one-line error.
+    try:
+        sock = bind_listener(cfg.host, cfg.port)
+    except OSError as e:
+        print(f"pagefleet gateway: error: cannot listen on {cfg.host}:{cfg.port}: "
+              f"{e.strerror or e} (--host/--port)", file=sys.stderr)
+        return 1
+    cfg.port = sock.getsockname()[1]
     log.info("gateway starting on http://%s:%d (%s discovery, %s routing)", cfg.host, cfg.port,
              cfg.discovery, cfg.routing)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0 if server.started else 1

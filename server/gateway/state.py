@@ -9,6 +9,7 @@ or a Kubernetes event does not reset health or forget caches.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +31,10 @@ class EndpointState:
     inflight: int = 0
     removed: bool = False          # no longer in the fleet (requests may still finish)
     last_check: float = 0.0
+    # One future per request sent here that has no response headers yet: set when the
+    # replica leaves its pool, so those requests fail over instead of waiting on a
+    # replica that may never answer (a frozen process still accepts connections).
+    awaiting_headers: set[asyncio.Future] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -38,6 +43,25 @@ class EndpointState:
     @property
     def ready(self) -> bool:
         return self.health.ready and not self.removed
+
+    def watch_lost(self) -> asyncio.Future:
+        """A future that completes if this replica leaves its pool for failed checks;
+        the caller must `unwatch` it once the response headers are in."""
+        fut = asyncio.get_running_loop().create_future()
+        self.awaiting_headers.add(fut)
+        return fut
+
+    def unwatch(self, fut: asyncio.Future) -> None:
+        self.awaiting_headers.discard(fut)
+
+    def fail_pending(self) -> int:
+        """The replica left its pool: wake the requests still waiting for its headers
+        (they retry elsewhere; nothing reached their clients). Returns how many."""
+        waiting = [f for f in self.awaiting_headers if not f.done()]
+        for f in waiting:
+            f.set_result(None)
+        self.awaiting_headers.clear()
+        return len(waiting)
 
     @property
     def others(self) -> float:
@@ -58,6 +82,7 @@ class PoolState:
     endpoints: dict[str, EndpointState] = field(default_factory=dict)
     learned_max_model_len: int | None = None
     learned_block_size: int | None = None
+    max_model_len_warned: bool = False      # said once that it cannot be learned
     rr_counter: int = 0
     _ring: HashRing | None = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,10 +137,11 @@ class GatewayThread:
 
 
 class GatewayProcess:
-    """`pagefleet gateway ...` as its own process."""
+    """`pagefleet gateway ...` as its own process. port=0: the gateway picks a free
+    port, and the one its log names is used."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None) -> None:
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
@@ -152,6 +154,12 @@ class GatewayProcess:
         def ready():
             if self.proc.poll() is not None:
                 raise AssertionError(f"gateway exited {self.proc.returncode}:\n{self.output()}")
+            if self.port == 0:
+                m = re.search(r"gateway starting on http://127\.0\.0\.1:(\d+)", self.output())
+                if not m:
+                    return False
+                self.port = int(m.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 return httpx.get(self.url + "/health", timeout=2).status_code == 200
             except httpx.HTTPError:

@@ -285,3 +285,56 @@ def test_priority_reaches_the_servers_only_when_they_schedule_by_it(backends, tm
         assert direct.status_code == (400 if policy == "fcfs" else 200)
     finally:
         gw.stop()
+
+
+def test_an_oversized_body_gets_413_before_the_gateway_reads_it(backends, tmp_path):
+    """--max-request-body-bytes, as on the server: a body over it is refused from its
+    Content-Length (or, chunked, from its bytes so far) before it is parsed or
+    tokenized; one under it is served."""
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [pool(backends["short-0"])]}])
+    gw = GatewayThread(f, max_request_body_bytes=2000).start()
+    gw.wait_ready_endpoints("tiny", 1)
+    big = {**body(), "prompt": "hello " * 400}                # about 2.4 KB
+
+    def chunked():
+        raw = yaml.safe_dump(big).encode()    # any bytes: refused before parsing
+        for i in range(0, len(raw), 500):
+            yield raw[i:i + 500]
+
+    try:
+        with httpx.Client(base_url=gw.url, timeout=60) as c:
+            for r in (c.post("/v1/completions", json=big),
+                      c.post("/v1/completions", content=chunked(),
+                             headers={"X-Request-Id": "too-big"})):
+                assert r.status_code == 413, r.text
+                err = r.json()["error"]
+                assert err["code"] == 413 and err["type"] == "RequestTooLargeError"
+                assert "--max-request-body-bytes 2000" in err["message"]
+                assert r.headers.get("x-request-id")
+            assert r.headers["x-request-id"] == "too-big"
+            ok = c.post("/v1/completions", json={**body(), "prompt": "hello " * 200})
+            assert ok.status_code == 200, ok.text
+    finally:
+        gw.stop()
+
+
+def test_models_list_needs_a_key_with_an_api_keys_file(backends, tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"key": "sk-a", "name": "a"}]}))
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [pool(backends["short-0"])]}])
+    gw = GatewayThread(f, api_keys_file=str(keys)).start()
+    gw.wait_ready_endpoints("tiny", 1)
+    try:
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            r = httpx.get(gw.url + "/v1/models", headers=headers, timeout=30)
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["type"] == "AuthenticationError"
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = httpx.get(gw.url + "/v1/models", headers={"Authorization": "Bearer sk-a"},
+                      timeout=30)
+        assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["tiny"]
+        # /health and /metrics stay open for probes and scrapers.
+        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+        assert httpx.get(gw.url + "/metrics", timeout=30).status_code == 200
+    finally:
+        gw.stop()

@@ -12,6 +12,7 @@ import httpx
 import openai
 
 from tests.gateway.helpers import (
+    Backend,
     GatewayProcess,
     GatewayThread,
     RecordingProxy,
@@ -172,3 +173,86 @@ def test_stream_chunks_arrive_while_the_backend_still_generates(backends, tmp_pa
         assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     finally:
         gw.stop()
+
+
+class NoAnswers:
+    """A replica that answers /health and nothing else: 401 on /v1/models (a key the
+    gateway does not have), 404 on /tokenize (a server without that endpoint)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                status = {"/health": 200, "/v1/models": 401}.get(self.path, 404)
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_pools_of_keyed_servers_learn_their_context_without_the_key(
+        backends, tmp_path, gw_model, caplog):
+    """Servers with --api-key and a pool without `api_key` (the clients' keys are
+    passed through): /v1/models gives the prober a 401, so it learns max_model_len
+    from /tokenize, which needs no key, and the long/short split holds. A pool whose
+    replicas tell it nothing gets a warning instead of silently taking any prompt."""
+    keyed = Backend("keyed-0", gw_model, ["--max-model-len", "256", "--api-key", "sk-srv"],
+                    tmp_path).start().wait_ready()
+    deaf = NoAnswers()
+    f = models_yaml(tmp_path / "m.yaml", [
+        {"name": "tiny", "tokenizer": str(gw_model), "pools": [
+            {"name": "short", "endpoints": [ep(keyed)]},
+            {"name": "long", "endpoints": [ep(backends["long-0"])]}]},
+        {"name": "other", "pools": [{"name": "deaf", "endpoints": [
+            {"name": "deaf-0", "url": deaf.url}]}]}])
+    gw = GatewayThread(f).start()
+    auth = {"Authorization": "Bearer sk-srv"}
+    try:
+        gw.wait_ready_endpoints("tiny", 2)
+        lens = wait_for(lambda: {m["id"]: m["max_model_len"] for m in httpx.get(
+            gw.url + "/v1/models").json()["data"]}, 30, what="models listed")
+        assert lens["tiny"] == 1024
+        assert gw.gateway.models["tiny"].pools["short"].max_model_len == 256
+        with httpx.Client(base_url=gw.url, timeout=120, headers=auth) as c:
+            for n, want in ((20, "keyed-0"), (400, "long-0"), (30, "keyed-0")):
+                r = c.post("/v1/completions", json={"model": "tiny", "prompt": words(n, n),
+                                                     "max_tokens": 8})
+                assert r.status_code == 200, r.text
+                assert r.headers["x-pagefleet-endpoint"] == want, n
+        warned = [r.getMessage() for r in caplog.records
+                  if "cannot learn max_model_len" in r.getMessage()]
+        assert len(warned) == 1, warned
+        assert "pool 'deaf'" in warned[0] and "/v1/models: HTTP 401" in warned[0]
+        assert "/tokenize: HTTP 404" in warned[0] and "Set max_model_len" in warned[0]
+    finally:
+        gw.stop()
+        deaf.close()
+        keyed.close()
+
+
+def test_gateway_command_on_port_0_logs_the_port_it_took(backends, tmp_path):
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [
+        {"name": "p", "max_model_len": 256, "endpoints": [ep(backends["short-1"])]}]}])
+    gw = GatewayProcess(["--models-file", str(f)], tmp_path / "gateway.log", port=0)
+    try:
+        gw.wait_ready()           # inside the try: a gateway that is never found is stopped
+        assert gw.port != 0
+        assert f"gateway starting on http://127.0.0.1:{gw.port} " in gw.output()
+        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+    finally:
+        gw.close()
+    assert gw.proc.returncode == 0

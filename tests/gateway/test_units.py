@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
+import httpx
 import pytest
 
+from pagefleet.server.api.errors import DRAINING_HEADER
 from pagefleet.server.config import ConfigError
 from pagefleet.server.engine.kv_cache import hash_block
 from pagefleet.server.gateway.admission import (
@@ -19,7 +21,8 @@ from pagefleet.server.gateway.admission import (
     retry_after_header,
 )
 from pagefleet.server.gateway.fleet import parse_fleet
-from pagefleet.server.gateway.health import Health, on_check, parse_metrics
+from pagefleet.server.gateway.health import Health, on_check, on_drain, parse_metrics
+from pagefleet.server.gateway.proxy import is_draining
 from pagefleet.server.gateway.prefix import PrefixIndex, prompt_blocks, ring_key
 
 
@@ -149,6 +152,26 @@ def test_three_failed_checks_in_a_row_take_a_replica_out():
     assert ev is None
     h, ev = on_check(h, True, 3)
     assert ev == "joined" and h.incarnation == 2
+
+
+def test_a_draining_replica_leaves_at_once_and_returns_as_a_new_incarnation():
+    h, _ = on_check(Health(), True, 3)
+    h, ev = on_drain(h)
+    assert ev == "left" and not h.ready
+    assert on_drain(h) == (h, None)
+    h, ev = on_check(h, True, 3)           # restarted: /health without the header
+    assert ev == "joined" and h.incarnation == 2
+
+
+def test_the_draining_503_is_told_by_its_header_or_older_servers_message():
+    msg = {"error": {"message": "the server is shutting down and accepts no new requests",
+                     "type": "ServiceUnavailableError", "param": None, "code": 503}}
+    other = {"error": {"message": "the request waited more than 5s", "code": 503}}
+    assert is_draining(httpx.Response(503, json=msg))
+    assert is_draining(httpx.Response(503, json=other, headers={DRAINING_HEADER: "1"}))
+    assert not is_draining(httpx.Response(503, json=other))         # a queue timeout
+    assert not is_draining(httpx.Response(503, content=b"<html>busy</html>"))
+    assert not is_draining(httpx.Response(500, json=msg))
 
 
 SAMPLE = """# HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from pagefleet.server.api.auth import key_matches
-from pagefleet.server.api.errors import to_api_error, validation_error
+from pagefleet.server.api.errors import DRAINING_HEADER, to_api_error, validation_error
 from pagefleet.server.api.protocol import CompletionRequest, sampling_params
 from pagefleet.server.api.request_id import clean_request_id
 from pagefleet.server.api.stats_log import Sample, is_idle, stats_line
-from pagefleet.server.engine.async_engine import QueueFullError, QueueTimeoutError
+from pagefleet.server.engine.async_engine import QueueFullError, QueueTimeoutError, ServerDrainingError
 from pagefleet.server.engine.engine import PromptTooLongError
 from pagefleet.server.models.hub import ModelNotFoundError, looks_like_repo_id, resolve_model
 
@@ -27,6 +27,9 @@ def test_error_mapping():
     assert e.status == 429 and e.headers["Retry-After"] == "1"
     late = to_api_error(QueueTimeoutError("late"))
     assert late.status == 503 and late.headers["Retry-After"] == "1"
+    assert DRAINING_HEADER not in late.headers          # busy, not going away
+    drain = to_api_error(ServerDrainingError("the server is shutting down"))
+    assert drain.status == 503 and drain.headers[DRAINING_HEADER] == "1"
     e = to_api_error(PromptTooLongError(4096, 1024, 4096))
     assert e.status == 400 and e.message.startswith(
         "This model's maximum context length is 4096 tokens. However, you requested 5120 "
