@@ -38,7 +38,9 @@ ERROR_TYPES = {
     422: "UnprocessableEntityError",
     429: "RateLimitError",
     500: "InternalServerError",
+    502: "BadGatewayError",
     503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 RETRY_AFTER_SECONDS = 1
 # Set (value "1") on /health and on the 503 of a request refused while the server drains

@@ -164,7 +164,11 @@ class GatewayProcess:
                 return httpx.get(self.url + "/health", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
-        wait_for(ready, timeout, 0.2, "gateway readiness")
+        try:
+            wait_for(ready, timeout, 0.2, "gateway readiness")
+        except BaseException:
+            self.close()      # a gateway that never got ready must not outlive the test
+            raise
         return self
 
     def output(self) -> str:

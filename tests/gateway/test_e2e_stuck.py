@@ -134,6 +134,7 @@ def test_no_headers_within_the_first_byte_timeout_retries_elsewhere_else_504(
         assert r.status_code == 504, r.text
         err = r.json()["error"]
         assert err["code"] == 504 and "--upstream-first-byte-timeout" in err["message"]
+        assert err["type"] == "GatewayTimeoutError"
         assert r.headers.get("x-request-id")
     finally:
         thaw(slow)
