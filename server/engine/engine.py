@@ -96,7 +96,8 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, priority: int = 0, arrival_time: float = 0.0) -> None:
+                    *, priority: int = 0, arrival_time: float = 0.0,
+                    prefix_leader: str | None = None) -> None:
         """Validate and queue a request; raises RequestRejected for what can never run."""
         if request_id in self.processor.states:
             raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
@@ -105,7 +106,7 @@ class LLMEngine:
         else:
             text, ids = None, list(prompt)
         cr = self.limits.core_request(request_id, ids, params, priority=priority,
-                                      arrival_time=arrival_time)
+                                      arrival_time=arrival_time, prefix_leader=prefix_leader)
         self.processor.add(request_id, text, ids, params)
         try:
             self.core.add_request(cr)

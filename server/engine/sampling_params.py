@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 
 LOGIT_BIAS_MAX = 100.0     # OpenAI's bound on a logit_bias value
+MAX_N = 128                  # sequences per prompt (the HTTP server's bound too)
 MAX_ALLOWED_TOKEN_IDS = 1024   # allowed_token_ids entries (staged on every step, as logit_bias)
 
 
@@ -77,7 +78,8 @@ class SamplingParams:
             if not cond:
                 raise SamplingParamsError(param, msg)
 
-        need(self.n == 1, "n", "only n=1 is supported")
+        need(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n",
+             f"must be in [1, {MAX_N}], got {self.n}")
         need(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.top_k == -1 or self.top_k >= 0, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}")

@@ -75,6 +75,11 @@ class EngineLimits:
     def check_params(self, params: SamplingParams) -> None:
         """The sampling fields whose bounds depend on the engine."""
         v = self.vocab_size
+        if params.n != 1:
+            # One engine request is one sequence: LLM.generate and the HTTP server expand
+            # n into n requests; an engine caller passing n > 1 would get one silently.
+            raise SamplingParamsError("n", f"an engine request is one sequence; expand n "
+                                      f"({params.n}) into requests (LLM.generate does)")
         if params.top_k > v:
             raise SamplingParamsError("top_k", f"must be -1 (off) or in [1, {v}] (the "
                                       f"vocabulary size), got {params.top_k}")

@@ -273,3 +273,47 @@ def test_steps_write_no_python_scalar_through_an_index_tensor(llm, monkeypatch):
     llm.generate(prompts, params)
     assert seen == []
     llm.engine.kv.check_whole()
+
+
+def test_offline_n_sequences_per_prompt(llm):
+    """vLLM's offline `n`: each prompt's RequestOutput holds n sequences (index j);
+    sequence j is the one seed + j gives alone, so the first equals n=1, and they
+    share the prompt's KV blocks. The engine itself takes one sequence a request."""
+    prompts = random_prompts(21, [40, 25], 512)
+    sampled = SamplingParams(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    hits = llm.stats()["prefix_cache_hits"]
+    outs = llm.generate(prompts, SamplingParams(**{**vars_of(sampled), "n": 3}))
+    assert llm.stats()["prefix_cache_hits"] > hits          # later sequences reuse the prompt
+    for prompt, out in zip(prompts, outs):
+        assert [c.index for c in out.outputs] == [0, 1, 2]
+        for j, c in enumerate(out.outputs):
+            alone = llm.generate([prompt], SamplingParams(**{**vars_of(sampled),
+                                                              "seed": 11 + j}))[0]
+            assert c.token_ids == alone.outputs[0].token_ids
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    one = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8, n=2))[0].outputs
+    assert one[0].token_ids == one[1].token_ids                # greedy: the same twice
+    with pytest.raises(SamplingParamsError) as e:
+        llm.engine.add_request("n2", prompts[0], SamplingParams(max_tokens=4, n=2))
+    assert e.value.param == "n"
+
+
+def test_offline_chat_renders_the_template(llm):
+    conv = [{"role": "user", "content": "hello there"}]
+    tok = llm.tokenizer
+    ids = tok.encode(tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)
+    via_chat = llm.chat(conv, greedy(6, ignore_eos=True))
+    assert via_chat[0].prompt_token_ids == ids
+    assert via_chat[0].outputs[0].token_ids == \
+        llm.generate([ids], greedy(6, ignore_eos=True))[0].outputs[0].token_ids
+    two = llm.chat([conv, conv + [{"role": "assistant", "content": "hi"},
+                                  {"role": "user", "content": "again"}]], greedy(3))
+    assert len(two) == 2 and len(two[1].prompt_token_ids) > len(ids)
+
+
+def vars_of(p: SamplingParams) -> dict:
+    """A SamplingParams' constructor fields (the derived ones left out)."""
+    import dataclasses
+
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.init}

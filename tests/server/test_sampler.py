@@ -238,7 +238,7 @@ def test_logit_bias_bounds():
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
                                          ("top_k", -3), ("min_p", 2), ("max_tokens", 0),
                                          ("presence_penalty", 3), ("repetition_penalty", 0),
-                                         ("logprobs", -1), ("n", 2)])
+                                         ("logprobs", -1), ("n", 0), ("n", 129)])
 def test_bad_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as e:
         SamplingParams(**{field: value})
