@@ -190,9 +190,11 @@ def phase_dattn() -> dict:
     K/V when its turn comes, as in the engine; outputs compared with the shipped form."""
     import torch
     from gpu_bench import median_ms
+    from pagefleet.server.config import default_block_size
     from pagefleet.server.ops import triton_attention as ta
     hq, hk, d = 28, 4, 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bs = default_block_size(torch.cuda.get_device_capability())   # the engine's pages
     base = dict(ta.DECODE_CONFIG)
     res = []
     for batch, ctx_len in ((1, 1024), (1, 4096), (1, 16384), (16, 16384), (64, 1024),

@@ -43,9 +43,9 @@ def svg(log: dict) -> str:
     for s in range(0, last + 1, max(1, last // 6 // 50 * 50 or 50)):
         x = xy(s, 0).split(",")[0]
         parts.append(f'<text x="{x}" y="{H - PAD + 16}" text-anchor="middle">{s}</text>')
-    parts.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
+    parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
                  + " ".join(xy(s, v) for s, v in zip(steps, loss)) + '"/>')
-    parts.append(f'<polyline fill="none" stroke="#d62728" stroke-width="2" points="'
+    parts.append('<polyline fill="none" stroke="#d62728" stroke-width="2" points="'
                  + " ".join(xy(s, v) for s, v in ev) + '"/>')
     parts += [f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle">training step</text>',
               f'<text x="{PAD}" y="20">cross-entropy of the assistant tokens (nats)</text>',

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import json
 
-from pagefleet.server.demo.corpus import Dialogue, sample_text
+from pagefleet.server.demo.corpus import sample_text
 from pagefleet.server.demo.template import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TOKENS
 
 
