@@ -363,7 +363,8 @@ def spec_schema() -> dict[str, Any]:
                     "this is the startup probe's "
                     f"budget, rounded up to its 10 s period. Default {DEFAULT_STARTUP_TIMEOUT_S} "
                     f"(30 minutes), {MIN_STARTUP_TIMEOUT_S} to {MAX_STARTUP_TIMEOUT_S} (4 hours). The "
-                    "Deployment's progressDeadlineSeconds is this budget plus 10 minutes. "
+                    "Deployment's progressDeadlineSeconds is this budget plus 10 minutes, and "
+                    "when set it is also the server's --startup-timeout. "
                     "Changing it rolls the pods (the probe is part of the pod template)."),
                 maximum=MAX_STARTUP_TIMEOUT_S),
             "gateway": gateway_schema(),

@@ -154,6 +154,11 @@ def server_args(spec: ModelDeploymentSpec) -> list[str]:
     # so itself (spec.py has checked that it says the same).
     if spec.resources.gpus > 1 and "tensor_parallel_size" not in serverargs.parse(spec.extra_args):
         args += [engine_flag("tensor_parallel_size"), str(spec.resources.gpus)]
+    # The server's own readiness deadline follows the pod's startup budget (only when
+    # set: unchanged args keep existing fleets' template hash, so nothing rolls).
+    if spec.startup_timeout_seconds != crd.DEFAULT_STARTUP_TIMEOUT_S \
+            and "startup_timeout" not in serverargs.parse(spec.extra_args):
+        args += [engine_flag("startup_timeout"), str(spec.startup_timeout_seconds)]
     args += list(spec.extra_args)
     if spec.gpu_memory_utilization_override is not None:  # last, so it wins over extraArgs
         args += [engine_flag("gpu_memory_utilization"), _flag_value(spec.gpu_memory_utilization_override)]

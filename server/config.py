@@ -183,6 +183,11 @@ class EngineConfig:
         "backend for more than one GPU) or 'uni' (one process; tensor-parallel size 1). "
         "Default: uni for one GPU, mp for more.")
     max_logprobs: int = opt(20, "Most logprobs (top-N per token) a request may ask for.")
+    startup_timeout: float = opt(
+        1800.0, "Seconds the engine may take to become ready (load the weights on every "
+        "tensor-parallel rank, profile memory, capture graphs, warm up) before startup "
+        "fails. Raise it for very large models on slow storage; a ModelDeployment's "
+        "startupTimeoutSeconds sets it.")
     quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
                                    "a bf16/fp16 one quantized at load), awq, gptq "
                                    "(awq_marlin, gptq_marlin: the same), compressed-tensors "
@@ -198,6 +203,7 @@ class EngineConfig:
         need(self.long_prefill_token_threshold >= 0, "long-prefill-token-threshold",
              "must be >= 0")
         need(self.short_prompt_tokens >= 0, "short-prompt-tokens", "must be >= 0")
+        need(self.startup_timeout > 0, "startup-timeout", "must be > 0")
         need(self.block_size is None or self.block_size in BLOCK_SIZES, "block-size",
              f"must be one of {','.join(map(str, BLOCK_SIZES))}")
         need(0 < self.gpu_memory_utilization <= 1, "gpu-memory-utilization", "must be in (0, 1]")

@@ -23,6 +23,7 @@ log = logging.getLogger("pagefleet.distributed")
 
 # Long enough for the slowest rank to load its shard before the first collective
 # (the profile forward); a dead rank is noticed by the executor's watchdog, not by it.
+# The engine passes its --startup-timeout; this is the default for other callers.
 STARTUP_TIMEOUT_S = 1800.0
 
 

@@ -314,7 +314,7 @@ class ServedEngine:
         self.eos_token_ids = eos_token_ids(self.model_cfg, self.tokenizer)
         self.core = CoreProcess(config, self.model_dir, self.eos_token_ids, usage)
         try:
-            self.ready: CoreReady = self.core.start()
+            self.ready: CoreReady = self.core.start(timeout=config.startup_timeout)
         except BaseException:
             self.core.kill()
             raise

@@ -269,7 +269,7 @@ class TPDriver(ModelRunner):
         self._step_spans: list = []
         self._enc = msgspec.msgpack.Encoder()
         try:
-            store = make_store(0, n)
+            store = make_store(0, n, timeout_s=config.startup_timeout)
             for r in range(1, n):
                 self.workers.spawn(WorkerSpec(
                     rank=r, world_size=n, store_port=store.port,

@@ -92,7 +92,8 @@ def main() -> int:
         if device.type == "cuda":
             device = torch.device("cuda", spec.rank)
             torch.cuda.set_device(device)
-        store = make_store(spec.rank, spec.world_size, spec.store_port)
+        store = make_store(spec.rank, spec.world_size, spec.store_port,
+                           timeout_s=spec.config.startup_timeout)
         group = TPGroup(spec.rank, spec.world_size, store, device)
         model_cfg = ModelConfig.from_dir(spec.model_dir)
         runner = ModelRunner(spec.config, spec.model_dir, model_cfg, spec.max_model_len, tp=group)

@@ -202,6 +202,21 @@ def test_startup_timeout_sizes_the_startup_probe_and_the_progress_deadline(
     assert dep["spec"]["progressDeadlineSeconds"] == deadline
 
 
+def test_startup_timeout_is_the_servers_readiness_deadline_too() -> None:
+    """A load longer than 30 minutes must not fail inside the server while the pod's
+    budget allows it: the server gets --startup-timeout, and only when the field is
+    set (unchanged args keep existing fleets from rolling)."""
+    def args(spec: dict[str, Any]) -> list[str]:
+        return resources.server_args(parse_spec(cr(spec)))
+    assert "--startup-timeout" not in args({})
+    got = args({"startupTimeoutSeconds": 7200})
+    assert got[got.index("--startup-timeout") + 1] == "7200"
+    assert build_configs(got)[0].startup_timeout == 7200
+    own = args({"startupTimeoutSeconds": 7200,
+                "engine": {"extraArgs": ["--startup-timeout", "9000"]}})
+    assert own.count("--startup-timeout") == 1 and own[own.index("--startup-timeout") + 1] == "9000"
+
+
 def test_labels_selectors_and_ports_line_up() -> None:
     s = parse_spec(cr({}))
     dep, svc, pdb = resources.deployment(s, 2), resources.service(s), resources.pod_disruption_budget(s, 2)

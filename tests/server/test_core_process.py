@@ -120,3 +120,14 @@ def test_stop_string_stops_the_core(served):
     assert "stopper" not in after["running"] and not after["waiting"]
     # Tokens up to the stop, plus at most the few steps in flight.
     assert len(toks2) <= computed <= len(toks2) + 8, (len(toks2), computed)
+
+
+def test_startup_timeout_bounds_the_wait_for_the_core(model_dir):
+    """--startup-timeout is how long the API process waits for the core to be ready:
+    past it, a startup error naming the deadline and the core process killed (a spawned
+    Python process that loads a model cannot be ready within a millisecond)."""
+    from pagefleet.server.engine.core_process import CoreStartupError
+
+    with pytest.raises(CoreStartupError, match=r"not ready within 0\.001s"):
+        ServedEngine(EngineConfig(model=str(model_dir), startup_timeout=0.001, **SETTINGS),
+                     model_dir)
