@@ -142,13 +142,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_or_explain(command: str, host: str, port: int) -> socket.socket | None:
+    """`bind_listener`, or None after one line on stderr naming the flags: a port in
+    use fails at once, before minutes of loading (`pagefleet serve` and `gateway`)."""
+    try:
+        return bind_listener(host, port)
+    except OSError as e:
+        print(f"pagefleet {command}: error: cannot listen on {host}:{port}: "
+              f"{e.strerror or e} (--host/--port)", file=sys.stderr)
+        return None
+
+
 def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str]) -> int:
     setup_logging()
-    try:
-        sock = bind_listener(server_cfg.host, server_cfg.port)
-    except OSError as e:
-        print(f"pagefleet serve: error: cannot listen on {server_cfg.host}:{server_cfg.port}: "
-              f"{e.strerror or e} (--host/--port)", file=sys.stderr)
+    sock = listen_or_explain("serve", server_cfg.host, server_cfg.port)
+    if sock is None:
         return 1
     server_cfg.port = sock.getsockname()[1]
     log.info("listening on %s; requests are answered once the engine is up",

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from pagefleet.server.api.serve import bind_listener
+from pagefleet.server.api.serve import http_url, listen_or_explain
 from pagefleet.server.config import ConfigError
 from pagefleet.server.gateway.config import GatewayConfig
 
@@ -96,14 +96,11 @@ def run_gateway(cfg: GatewayConfig) -> int:
     server = _server_class()(config)
     # Bind here, as `pagefleet serve` does, so the log names the port really taken
     # (--port 0 picks a free one) and a port in use is a one-line error.
-    try:
-        sock = bind_listener(cfg.host, cfg.port)
-    except OSError as e:
-        print(f"pagefleet gateway: error: cannot listen on {cfg.host}:{cfg.port}: "
-              f"{e.strerror or e} (--host/--port)", file=sys.stderr)
+    sock = listen_or_explain("gateway", cfg.host, cfg.port)
+    if sock is None:
         return 1
     cfg.port = sock.getsockname()[1]
-    log.info("gateway starting on http://%s:%d (%s discovery, %s routing)", cfg.host, cfg.port,
+    log.info("gateway starting on %s (%s discovery, %s routing)", http_url(cfg.host, cfg.port),
              cfg.discovery, cfg.routing)
     try:
         server.run(sockets=[sock])
