@@ -29,7 +29,7 @@ from pagefleet.server.api import protocol as P
 from pagefleet.server.api.chat import LogprobFormatter, render_chat
 from pagefleet.server.api.errors import APIError, bad_request, error_body, to_api_error
 from pagefleet.server.api.reasoning import REASONING_FIELDS, get_reasoning_parser, think_token_ids
-from pagefleet.server.api.structured_outputs import grammar_spec_from_request, spec_problem
+from pagefleet.server.api.structured_outputs import grammar_spec_from_request, json_schema_spec
 from pagefleet.server.api.tool_parsers import (ToolChoiceError, get_tool_parser, parser_for_plan,
                                                plan_tool_choice)
 from pagefleet.server.engine.async_engine import AsyncEngine, RequestGroup, RequestStream
@@ -585,18 +585,9 @@ class OpenAIServing:
         are: each tool that can be called names itself in the 400, then the whole."""
         called = plan.tools if plan.mode == "required" else (plan.function,)
         for fn in called:
-            k = plan.tools.index(fn)
-            try:
-                problem = spec_problem(GrammarSpec.json_schema(fn.parameters, False))
-            except (TypeError, ValueError) as exc:          # NaN, circular structures
-                problem = f"not serializable as JSON: {exc}"
-            if problem is not None:
-                where = f"tools.{k}.function.parameters"
-                raise bad_request(f"{where}: {problem}", where)
-        spec = GrammarSpec.json_schema(plan.schema, any_whitespace=False)
-        if (problem := spec_problem(spec)) is not None:
-            raise bad_request(f"tools: {problem}", "tools")
-        return spec
+            json_schema_spec(fn.parameters, f"tools.{plan.tools.index(fn)}.function.parameters",
+                             False)
+        return json_schema_spec(plan.schema, "tools", False)
 
     def _reasoning_closed_in(self, prompt_ids: list[int]) -> bool:
         """The prompt already ends its think block (e.g. Qwen3 with thinking off)."""

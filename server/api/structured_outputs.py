@@ -180,12 +180,12 @@ def _from_response_format(rf: dict, any_whitespace: bool) -> GrammarSpec | None:
     if js.get("schema") is None:
         raise bad_request("response_format.json_schema.schema: required (the JSON Schema "
                           "the output must follow)", "response_format.json_schema.schema")
-    return _json_schema(js["schema"], "response_format.json_schema.schema", any_whitespace)
+    return json_schema_spec(js["schema"], "response_format.json_schema.schema", any_whitespace)
 
 
 def _constraint(key: str, value: Any, param: str, any_whitespace: bool) -> GrammarSpec:
     if key == "json":
-        return _json_schema(value, param, any_whitespace)
+        return json_schema_spec(value, param, any_whitespace)
     if key == "json_object":
         if value is not True:
             raise bad_request(f"{param}: expected true (or leave it out)", param)
@@ -206,7 +206,9 @@ def _constraint(key: str, value: Any, param: str, any_whitespace: bool) -> Gramm
     return spec
 
 
-def _json_schema(value: Any, param: str, any_whitespace: bool) -> GrammarSpec:
+def json_schema_spec(value: Any, param: str, any_whitespace: bool) -> GrammarSpec:
+    """A JSON Schema (object or its JSON text) as a GrammarSpec, checked: a 400 naming
+    `param` when it cannot be enforced (response_format's, and a forced tool call's)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

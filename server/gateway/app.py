@@ -25,9 +25,7 @@ import contextlib
 import hmac
 import json
 import logging
-import re
 import time
-import uuid
 from collections.abc import Callable
 
 import httpx
@@ -39,6 +37,7 @@ from starlette.routing import Route
 
 from pagefleet.server.api.body_limit import BodyLimitMiddleware
 from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
+from pagefleet.server.api.request_id import RequestIdMiddleware, clean_request_id, new_request_id
 from pagefleet.server.gateway.admission import (
     APIKeys,
     KeyInfo,
@@ -77,46 +76,18 @@ from pagefleet.server.gateway.routing import PoolFit, RouteSettings, context_err
 from pagefleet.server.gateway.state import EndpointState, ModelState, PoolState, apply_fleet
 
 log = logging.getLogger("pagefleet.gateway")
-_SAFE_ID = re.compile(r"[^A-Za-z0-9._:/=+@-]")
 ENDPOINT_HEADER = "x-pagefleet-endpoint"
 TOKENIZER_STARTUP_WAIT_S = 120.0
 
 
-def new_request_id(given: str | None) -> str:
-    """The client's X-Request-Id, cleaned, else a new one."""
-    return _SAFE_ID.sub("_", given)[:128] if given else uuid.uuid4().hex
-
-
 def request_id(request: Request) -> str:
+    """The request's id, named by `RequestIdMiddleware` (the server's) before anything
+    else ran, so the body cap's own answers (413, 408) carry it too."""
     rid = getattr(request.state, "request_id", None)
     if rid is None:
-        rid = request.state.request_id = new_request_id(request.headers.get("x-request-id"))
+        given = request.headers.get("x-request-id")
+        rid = request.state.request_id = clean_request_id(given) if given else new_request_id()
     return rid
-
-
-class RequestIdMiddleware:
-    """Names every request before anything else runs, so the answers that the body cap
-    gives without reaching a handler (413, 408) carry X-Request-Id and log it too."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = next((v.decode("latin-1") for k, v in scope["headers"]
-                      if k == b"x-request-id"), None)
-        rid = new_request_id(given)
-        scope.setdefault("state", {})["request_id"] = rid
-
-        async def send_with_id(msg):
-            if msg["type"] == "http.response.start" and not any(
-                    k.lower() == b"x-request-id" for k, _ in msg.get("headers", ())):
-                msg = {**msg, "headers": [*msg.get("headers", ()),
-                                          (b"x-request-id", rid.encode())]}
-            await send(msg)
-
-        await self.app(scope, receive, send_with_id)
 
 
 def bearer(request: Request) -> str | None:

@@ -96,3 +96,13 @@ def test_a_failed_stream_hands_out_its_text_before_the_error():
     assert out is not None and out.outputs[0].text == "ab"
     with pytest.raises(ValueError, match="dead end"):
         stream.take()
+
+
+def test_every_refused_field_is_declared_where_it_is_refused():
+    """The request models ignore undeclared fields: a table entry whose field is not
+    declared on its model would never be refused, and the request would get a 200."""
+    from pagefleet.server.api import protocol as P
+
+    declared = P.CompletionRequest.model_fields.keys() | P.ChatCompletionRequest.model_fields.keys()
+    assert not set(P.UNHONOURED_FIELDS) - declared
+    assert not set(P.UNHONOURED_CHAT_FIELDS) - P.ChatCompletionRequest.model_fields.keys()
