@@ -19,6 +19,14 @@ because users already reason in them and already tune KEDA/HPA rules on
   (whichever is more) over the size at the period's start, so one burst does not
   ask the cluster for dozens of GPUs at once.
 
+One rule of our own, for the default metric (`concurrency`, target maxNumSeqs): a
+replica whose KV cache (or token budget) binds before maxNumSeqs queues requests
+while its running + waiting is still below target, so the HPA rule alone would let
+a queue of hundreds build before adding a replica. When replicas have queued for
+SATURATION_SUSTAIN_S (seed 003's alert: "waiting above 0 for 10 s means saturated:
+scale out"), their running count is taken as what a replica really holds, and the
+fleet is sized for the load at that capacity if that asks for more.
+
 Time is passed in (wall-clock epoch seconds, so the history can be kept in the
 status across operator restarts), so tests drive it.
 """
@@ -35,6 +43,8 @@ from pagefleet.operator.spec import AutoscalingSpec
 
 TOLERANCE = 0.1
 SCALE_UP_PERIOD_S = 15.0
+SATURATION_SUSTAIN_S = 10.0
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,7 @@ class Decision:
     history: tuple[Recommendation, ...]   # to pass to the next evaluation
     reason: str                           # one line for the Event and the log
     scale_ups: tuple[ScaleUp, ...] = ()   # to pass to the next evaluation
+    saturated_since: float | None = None  # to pass to the next evaluation
 
 
 def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
@@ -100,6 +111,22 @@ def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
     if (new_ratio < 1.0 and new > current) or (new_ratio > 1.0 and new < current):
         return current
     return new
+
+
+def saturation_replicas(samples: Sequence[PodSample], target: float,
+                        extra: float = 0.0) -> tuple[int, float] | None:
+    """(replicas the load needs, per-replica capacity) when ready pods queue; None
+    when none does. The capacity is the mean running count of the queueing pods
+    (capped at `target`): a pod with a queue runs all it can, so that is its real
+    batch. Only the queueing pods are averaged so that one idle replica behind an
+    uneven router does not read as a small capacity."""
+    pods = [s.values for s in samples if s.ready and RUNNING in s.values and WAITING in s.values]
+    queueing = [v for v in pods if v[WAITING] > 0]
+    if not queueing:
+        return None
+    capacity = min(target, max(1.0, sum(v[RUNNING] for v in queueing) / len(queueing)))
+    usage = sum(v[RUNNING] + v[WAITING] for v in pods) + extra
+    return math.ceil(usage / capacity), capacity
 
 
 def stabilize(current: int, recommendation: int, history: Sequence[Recommendation], now: float,
@@ -140,11 +167,24 @@ def describe(policy: AutoscalingSpec, total: float) -> str:
 
 def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
            policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = (),
-           extra: float = 0.0) -> Decision:
+           extra: float = 0.0, saturated_since: float | None = None) -> Decision:
     """One autoscaler evaluation. With minReplicas 0 this rule never goes below 1:
-    only `scale_to_zero` (idle for the window) takes a model to zero."""
+    only `scale_to_zero` (idle for the window) takes a model to zero.
+    `saturated_since`: the previous evaluation's, when the pods have queued since."""
     floor = max(1, policy.min_replicas)
     raw = metric_replicas(samples, current, policy.target, extra=extra)
+    saturation = (saturation_replicas(samples, policy.target, extra)
+                  if policy.metric == crd.METRIC_CONCURRENCY else None)
+    since = None if saturation is None else (now if saturated_since is None else saturated_since)
+    saturated_note = ""
+    if saturation is not None and saturation[0] > max(raw, current):
+        if now - since >= SATURATION_SUSTAIN_S:
+            raw = saturation[0]
+            saturated_note = (f" (replicas have queued for {now - since:.0f}s running "
+                              f"{_fmt(round(saturation[1], 1))} each: sized at that capacity)")
+        else:
+            saturated_note = (f" (replicas queueing for {now - since:.0f}s; scaling out at "
+                              f"{SATURATION_SUSTAIN_S:g}s)")
     recommendation = max(floor, min(policy.max_replicas, raw))
     stabilized, new_history = stabilize(current, recommendation, history, now,
                                         policy.scale_up_stabilization_seconds,
@@ -163,6 +203,7 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     why = describe(policy, total)
     if extra and reported:
         why += f" (incl. {_fmt(extra)} held in the gateway)"
+    why += saturated_note
     if raw > policy.max_replicas and replicas == policy.max_replicas:
         why += f" (capped at maxReplicas {policy.max_replicas})"
     elif raw < floor and replicas == floor:
@@ -180,7 +221,7 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     reason = f"scaled {current} -> {replicas}: {why}" if replicas != current else f"holding {current}: {why}"
     return Decision(replicas=replicas, recommendation=recommendation, waiting=total,
                     reported=len(reported), history=new_history, reason=reason,
-                    scale_ups=recent)
+                    scale_ups=recent, saturated_since=since)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from pagefleet.operator.spec import (
 )
 
 log = logging.getLogger("pagefleet.operator")
-WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+WAITING, RUNNING = autoscale.WAITING, autoscale.RUNNING
 
 
 @dataclasses.dataclass
@@ -64,6 +64,7 @@ class State:
     metrics_ok: bool | None = None      # last MetricsAvailable, for its Events
     gateway_ok: bool | None = None      # last word from the gateway (minReplicas 0), for its Events
     idle_start: float | None = None     # scale to zero: the idle window counts from here at least
+    saturated_since: float | None = None  # concurrency: since when the replicas have queued
     pool_warning: str | None = None     # one Warning Event per distinct InferencePool problem
     deleting: bool = False              # set by the delete handler: stop touching children
 
@@ -590,8 +591,10 @@ async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, se
                                       reported=0, history=history, reason=zero.reason, scale_ups=ups)
     else:
         held = signal.waiting if signal and policy.metric in (crd.METRIC_CONCURRENCY, crd.METRIC_WAITING) else 0.0
-        decision = autoscale.decide(samples, current, state.history, policy, now, state.scale_ups, extra=held)
+        decision = autoscale.decide(samples, current, state.history, policy, now, state.scale_ups, extra=held,
+                                    saturated_since=state.saturated_since)
     state.history, state.scale_ups = decision.history, decision.scale_ups
+    state.saturated_since = decision.saturated_since
     if decision.replicas != current:
         deployment = await kube.patch(deployment_path(spec.namespace, spec.child_name),
                                       {"spec": {"replicas": decision.replicas}})

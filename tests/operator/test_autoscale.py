@@ -242,3 +242,44 @@ def test_the_stored_history_is_refreshed_not_rewritten_every_round() -> None:
     assert persisted(old, same_values, (), 141.0, 30.0, st.to_iso, st.from_iso) != old, "refreshed after 30 s"
     changed = (Recommendation(100.0, 3), Recommendation(125.0, 2))
     assert persisted(old, changed, (), 125.0, 30.0, st.to_iso, st.from_iso)["recommendations"][-1]["replicas"] == 2
+
+
+def test_a_queueing_fleet_below_max_num_seqs_scales_out_after_the_sustain_window() -> None:
+    """The review's finding: with the default target (maxNumSeqs 256) a replica whose
+    KV cache holds only 60 sequences queued ~200 before concurrency crossed the
+    target. Queueing for SATURATION_SUSTAIN_S sizes the fleet at the running count."""
+    from pagefleet.operator.autoscale import SATURATION_SUSTAIN_S
+
+    policy = AutoscalingSpec(enabled=True, max_replicas=10, target=256.0)
+    kv_bound = [concurrency_sample("p0", 60, 120)]
+    first = decide(kv_bound, 1, seed_history(1, 0), policy, 15.0)
+    assert first.replicas == 1, first.reason           # not on one sample: a blip must not scale
+    assert first.saturated_since == 15.0 and "queueing" in first.reason
+    later = decide(kv_bound, 1, first.history, policy, 15.0 + SATURATION_SUSTAIN_S,
+                   saturated_since=first.saturated_since)
+    assert later.replicas == 3, later.reason           # ceil(180 / 60)
+    assert "running 60 each" in later.reason
+    # The queue drains: the window starts over.
+    drained = decide([concurrency_sample("p0", 60, 0)], 3, later.history, policy, 40.0,
+                     saturated_since=later.saturated_since)
+    assert drained.saturated_since is None
+
+
+def test_saturation_capacity_is_read_from_the_queueing_pods_only() -> None:
+    """One idle replica behind an uneven router is not a small capacity: the queueing
+    pod's 60 running is. 60 + 5 + 10 = 75 at 60 each needs 2, which the fleet has."""
+    policy = AutoscalingSpec(enabled=True, max_replicas=10, target=256.0)
+    uneven = [concurrency_sample("p0", 60, 5), concurrency_sample("p1", 10, 0)]
+    d = decide(uneven, 2, seed_history(2, 0), policy, 30.0, saturated_since=0.0)
+    assert d.replicas == 2, d.reason
+    # Held requests in the gateway count toward the load at that capacity.
+    d = decide(uneven, 2, seed_history(2, 0), policy, 30.0, saturated_since=0.0, extra=60)
+    assert d.replicas == 3, d.reason                   # ceil(135 / 60)
+
+
+def test_saturation_rule_is_only_for_the_concurrency_metric() -> None:
+    waiting = AutoscalingSpec(enabled=True, max_replicas=10, metric="waiting", target=500.0)
+    s = concurrency_sample("p0", 60, 120)
+    sample = PodSample(s.pod, True, 120.0, s.values)
+    d = decide([sample], 1, seed_history(1, 0), waiting, 30.0, saturated_since=0.0)
+    assert d.replicas == 1 and d.saturated_since is None, d.reason
