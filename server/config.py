@@ -329,6 +329,9 @@ class ServerConfig:
                               "VLLM_API_KEY).")
     chat_template: str | None = opt(None, "Jinja chat template (file path or inline) that "
                                     "overrides the tokenizer's.")
+    trust_request_chat_template: bool = opt(False, "Accept a request's own chat_template "
+                                            "(vLLM's flag; without it such a request gets "
+                                            "400: a template runs code on the server).")
     max_num_queued_requests: int = opt(1024, "Waiting-queue cap: beyond it requests get 429.")
     max_request_body_bytes: int = opt(32 << 20, "Largest request body accepted; larger "
                                       "ones get 413 before they are parsed.")

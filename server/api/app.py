@@ -86,6 +86,7 @@ def build_app(served, server_cfg: ServerConfig, *,
                             response_role=server_cfg.response_role, defaults=defaults,
                             model_root=model_root or str(served.model_dir),
                             chat_template=chat_template,
+                            trust_request_chat_template=server_cfg.trust_request_chat_template,
                             scheduling_policy=engine_cfg.scheduling_policy,
                             enable_log_requests=server_cfg.enable_log_requests,
                             max_log_len=server_cfg.max_log_len)

@@ -8,6 +8,7 @@ tokenizers). This is vLLM's behaviour too.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -54,13 +55,43 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tokenize", "
                                        "return_assistant_tokens_mask"})
 
 
+def _tool_calls_for_template(calls: Any, index: int) -> Any:
+    """An assistant message's `tool_calls` as chat templates expect them, the way vLLM's
+    `chat_utils._postprocess_messages` makes them: each `function.arguments` JSON string
+    parsed into its value (a dict), an empty or missing one as `{}`. OpenAI clients send
+    arguments as a string; Llama 3.1's (`arguments | tojson`) and Qwen3-Coder's
+    (`arguments | items`) templates read a mapping, as Transformers documents. Arguments
+    that are not JSON are a 400 naming them (vLLM's json.loads fails the request too)."""
+    if not isinstance(calls, list):
+        return calls
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            out.append(call)
+            continue
+        args = fn.get("arguments")
+        if not args:
+            args = {}
+        elif isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError as e:
+                where = f"messages.{index}.tool_calls.{j}.function.arguments"
+                raise bad_request(f"{where}: not valid JSON ({e}); a tool call's arguments "
+                                  "must be a JSON object, sent as a string", where) from None
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
+
+
 def render_chat(tokenizer, messages: list, *, template: str | None,
                 add_generation_prompt: bool, continue_final_message: bool,
-                kwargs: dict | None = None) -> str:
+                kwargs: dict | None = None, documents: list | None = None) -> str:
     """Messages -> prompt text with the chat template; template errors become 400s.
     `kwargs` (the request's chat_template_kwargs) may set add_generation_prompt and
     continue_final_message, as in vLLM; they cannot replace what the renderer itself
-    passes (the messages, the template, tokenize)."""
+    passes (the messages, the template, tokenize). `documents` (the request's, for RAG
+    templates) go to the template as `documents`, as vLLM passes them."""
     kwargs = dict(kwargs or {})
     reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
     if reserved:
@@ -76,12 +107,19 @@ def render_chat(tokenizer, messages: list, *, template: str | None,
     if continue_final_message and messages[-1].role != "assistant":
         raise bad_request("continue_final_message needs the last message to be from the "
                           "assistant", "continue_final_message")
+    if documents is not None:
+        kwargs.setdefault("documents", documents)   # vLLM: chat_template_kwargs win
     conv = []
     for i, m in enumerate(messages):
         d = {k: v for k, v in (m.model_extra or {}).items()}
         d.update(role=m.role, content=message_text(m.content, i))
         if m.name is not None:
             d["name"] = m.name
+        if m.role == "assistant" and "tool_calls" in d:
+            if isinstance(d["tool_calls"], list) and not d["tool_calls"]:
+                del d["tool_calls"]      # vLLM: an empty list keeps the plain assistant path
+            else:
+                d["tool_calls"] = _tool_calls_for_template(d["tool_calls"], i)
         conv.append(d)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise bad_request("the model has no chat template; start the server with "
@@ -111,15 +149,18 @@ class LogprobFormatter:
                 self._cache[tid] = s
         return s
 
-    def entry(self, tid: int, lp: float) -> dict:
-        tok = self.token(tid)
+    def entry(self, tid: int, lp: float, as_ids: bool = False) -> dict:
+        tok = f"token_id:{tid}" if as_ids else self.token(tid)
         return {"token": tok, "logprob": max(lp, -9999.0), "bytes": list(tok.encode("utf-8"))}
 
-    def content(self, token_ids: list[int], logprobs: list[dict[int, float]], top: int) -> list:
+    def content(self, token_ids: list[int], logprobs: list[dict[int, float]], top: int,
+                as_ids: bool = False) -> list:
+        """`as_ids`: the request's return_tokens_as_token_ids (vLLM's): every token,
+        the top ones too, is written `token_id:<id>`, as /v1/completions does."""
         out = []
         for tid, d in zip(token_ids, logprobs):
-            e = self.entry(tid, d.get(tid, float("-inf")))
+            e = self.entry(tid, d.get(tid, float("-inf")), as_ids)
             ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:top]
-            e["top_logprobs"] = [self.entry(t, lp) for t, lp in ranked]
+            e["top_logprobs"] = [self.entry(t, lp, as_ids) for t, lp in ranked]
             out.append(e)
         return out

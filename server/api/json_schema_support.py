@@ -8,6 +8,9 @@ validated with `jsonschema`; tests/server/test_structured_output.py repeats the 
 for every keyword listed here, so an xgrammar upgrade that starts enforcing one fails a
 test instead of staying refused):
 
+- refused with its own message: array-form `items` (draft-04..07 tuples; xgrammar
+  refuses it as "items must be a boolean or an object", which would call a valid
+  draft-07 schema invalid): `prefixItems` is the 2020-12 form it enforces.
 - dropped: `uniqueItems: true`, `contains`/`minContains`/`maxContains`, `not`,
   `if`/`then`/`else`, `dependentRequired`/`dependentSchemas`/`dependencies`,
   `multipleOf` on non-integers, `allOf` with more than one subschema, a required name
@@ -77,6 +80,10 @@ def _refusal(schema: dict) -> str | None:
     for key in NEVER_ENFORCED:
         if key in schema:
             return f"`{key}`"
+    if isinstance(schema.get("items"), list):
+        # draft-04..07 tuple validation; xgrammar takes only the 2020-12 form
+        return ("array-form `items` (draft-07 tuples; write them as `prefixItems`, "
+                "with `items` for the rest)")
     if schema.get("uniqueItems") is True:
         return "`uniqueItems`"
     all_of = schema.get("allOf")

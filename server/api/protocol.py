@@ -96,6 +96,7 @@ class _SamplingFields(_Base):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
+    structural_tag: Any = None          # vLLM <= 0.11's top-level name: refused (a 400)
     # vLLM's: sampling keeps only these tokens (ids checked against the vocabulary by the
     # engine's limits).
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1,
@@ -131,7 +132,7 @@ class _SamplingFields(_Base):
 
 STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
                      "guided_choice", "guided_grammar", "guided_decoding_backend",
-                     "guided_whitespace_pattern")
+                     "guided_whitespace_pattern", "structural_tag")
 
 
 class CompletionRequest(_SamplingFields):
@@ -174,6 +175,14 @@ class ChatCompletionRequest(_SamplingFields):
     # Passed to the chat template (as vLLM passes it), and a 400 when the model's
     # template does not read it: it could not change the output.
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # vLLM's: false leaves the reasoning (reasoning_content / reasoning) out of the
+    # response, streamed or not.
+    include_reasoning: bool = True
+    # vLLM's: a Jinja template used instead of the model's for this request (a 400
+    # unless the server runs with --trust-request-chat-template, as in vLLM), and
+    # documents handed to the template (RAG templates read `documents`).
+    chat_template: str | None = None
+    documents: list[dict[str, Any]] | None = None
     # OpenAI fields this server cannot honour: declared so that a request setting one
     # is a 400 naming it (UNHONOURED_FIELDS), not a 200 that ignores it.
     modalities: list[str] | None = None
@@ -241,6 +250,7 @@ class TokenizeRequest(_Base):
     return_token_strs: bool = False
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None        # as on chat (--trust-request-chat-template)
 
 
 class DetokenizeRequest(_Base):

@@ -120,6 +120,7 @@ class Prepared:
     prompt_text: str | None = None  # chat: the rendered prompt
     plan: Any = None                # chat: the tool-choice plan
     think: Any = None               # chat: reasoning tag ids
+    in_reasoning: bool = False      # chat: the output starts inside the reasoning
     echo_only: bool = False         # completions: echo with max_tokens 0 (score the prompt)
 
 
@@ -131,7 +132,8 @@ class OpenAIServing:
                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
                  reasoning_parser: str | None = None,
                  enable_prompt_tokens_details: bool = False,
-                 response_role: str = "assistant", defaults: dict | None = None) -> None:
+                 response_role: str = "assistant", defaults: dict | None = None,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = async_engine
         self.tokenizer = served.tokenizer
         self.max_model_len = served.max_model_len
@@ -141,6 +143,7 @@ class OpenAIServing:
         self.model_names = (served_model_name, *served_model_aliases)
         self.model_root = model_root
         self.chat_template = chat_template
+        self.trust_request_chat_template = trust_request_chat_template
         self.scheduling_policy = scheduling_policy
         self.log_requests = enable_log_requests
         self.max_log_len = max_log_len
@@ -503,24 +506,38 @@ class OpenAIServing:
         return out
 
     # -- /v1/chat/completions --------------------------------------------------------
+    def _request_template(self, req) -> str | None:
+        """The request's own chat_template, refused unless the server trusts it (vLLM's
+        --trust-request-chat-template: a Jinja template is code run on the server)."""
+        template = getattr(req, "chat_template", None)
+        if template is not None and not self.trust_request_chat_template:
+            raise bad_request("chat_template: a chat template passed with the request is "
+                              "refused unless the server runs with "
+                              "--trust-request-chat-template", "chat_template")
+        return template
+
     def chat_prompt_text(self, req, tok, tools: list | None = None) -> str:
         kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
         if tools:
             kwargs.setdefault("tools", tools)
+        template = self._request_template(req)
+        if template is None:
+            template = self.chat_template
         effort = getattr(req, "reasoning_effort", None)
         if effort is not None:
-            if "reasoning_effort" not in self._template_source(tok):
+            if "reasoning_effort" not in self._template_source(tok, template):
                 raise bad_request("reasoning_effort: this model's chat template does not read "
                                   "it, so it cannot change the output (for a thinking switch, "
                                   "see chat_template_kwargs, e.g. enable_thinking)",
                                   "reasoning_effort")
             kwargs.setdefault("reasoning_effort", effort)
-        return render_chat(tok, req.messages, template=self.chat_template,
+        return render_chat(tok, req.messages, template=template,
                            add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message, kwargs=kwargs)
+                           continue_final_message=req.continue_final_message, kwargs=kwargs,
+                           documents=getattr(req, "documents", None))
 
-    def _template_source(self, tok) -> str:
-        template = self.chat_template or getattr(tok, "chat_template", None) or ""
+    def _template_source(self, tok, template: str | None = None) -> str:
+        template = template or self.chat_template or getattr(tok, "chat_template", None) or ""
         return template if isinstance(template, str) else " ".join(template.values())
 
     def chat_prompt_ids(self, req, tok, tools: list | None = None) -> list[int]:
@@ -569,15 +586,25 @@ class OpenAIServing:
         if top is None and best_of > n:
             top = 0
         params = P.sampling_params(req, self.defaults, max_tokens=max_tokens, logprobs=top)
-        reasoning_end = None
-        if grammar is not None and self.think is not None and \
-                not self._reasoning_closed_in(ids):
-            reasoning_end = self.think.end      # the grammar holds the answer, not the thinking
+        # Where the output starts, decided once from the rendered prompt, for both the
+        # text splitter and the engine's grammar (they must agree on what is content).
+        in_reasoning = self.reasoning is not None and self.reasoning.starts_in_reasoning(text)
+        reasoning_start = reasoning_end = None
+        if grammar is not None and self.think is not None:
+            # The grammar holds the answer, not the thinking: inside, it starts after
+            # </think>; outside, the first token may be <think> (then likewise) and
+            # any other first token begins the answer under the grammar.
+            reasoning_end = self.think.end
+            if not in_reasoning:
+                reasoning_start = self.think.start
+                if reasoning_start is None:      # no <think> token: no way to think
+                    reasoning_end = None
         params = dataclasses.replace(
             params, prompt_logprobs=req.prompt_logprobs, grammar=grammar,
-            reasoning_end_token_id=reasoning_end,
+            reasoning_start_token_id=reasoning_start, reasoning_end_token_id=reasoning_end,
             skip_special_tokens=params.skip_special_tokens and not self._tags_are_special(plan))
-        return Prepared(req, [ids], [text], params, n, best_of, prompt_text=text, plan=plan)
+        return Prepared(req, [ids], [text], params, n, best_of, prompt_text=text, plan=plan,
+                        in_reasoning=in_reasoning)
 
     @staticmethod
     def _forced_call_spec(plan) -> GrammarSpec:
@@ -588,15 +615,6 @@ class OpenAIServing:
             json_schema_spec(fn.parameters, f"tools.{plan.tools.index(fn)}.function.parameters",
                              False)
         return json_schema_spec(plan.schema, "tools", False)
-
-    def _reasoning_closed_in(self, prompt_ids: list[int]) -> bool:
-        """The prompt already ends its think block (e.g. Qwen3 with thinking off)."""
-        for tid in reversed(prompt_ids):
-            if tid == self.think.end:
-                return True
-            if tid == self.think.start:
-                return False
-        return False
 
     def _tags_are_special(self, plan) -> bool:
         """Decode with special tokens kept when the tool format's tags are special
@@ -609,7 +627,7 @@ class OpenAIServing:
 
     def _message_parsers(self, prep: Prepared):
         """Per choice: a reasoning splitter and a tool parser (each may be None)."""
-        rparser = self.reasoning(prompt=prep.prompt_text) if self.reasoning else None
+        rparser = self.reasoning(in_reasoning=prep.in_reasoning) if self.reasoning else None
         tparser = parser_for_plan(prep.plan, self.tool_call_parser)
         return rparser, tparser
 
@@ -618,7 +636,7 @@ class OpenAIServing:
         text = a.text
         reasoning = None
         if self.reasoning is not None:
-            reasoning, text = self.reasoning.split(text, prompt=prep.prompt_text)
+            reasoning, text = self.reasoning.split(text, in_reasoning=prep.in_reasoning)
         calls = []
         parser = parser_for_plan(prep.plan, self.tool_call_parser)
         if parser is not None:
@@ -628,7 +646,7 @@ class OpenAIServing:
         else:
             content = text
         msg: dict = {"role": self.response_role, "content": content}
-        if self.reasoning is not None:
+        if self.reasoning is not None and prep.req.include_reasoning:
             for name in REASONING_FIELDS:
                 msg[name] = reasoning
         if calls:
@@ -660,7 +678,8 @@ class OpenAIServing:
             choices = []
             for k, a in self._pick_best(prep, accs):
                 msg, finish = self._chat_message(prep, a)
-                lp = {"content": fmt.content(a.token_ids, a.logprobs, top or 0)} \
+                lp = {"content": fmt.content(a.token_ids, a.logprobs, top or 0,
+                                             req.return_tokens_as_token_ids)} \
                     if req.logprobs else None
                 choice = {"index": k, "message": msg, "logprobs": lp, "finish_reason": finish,
                           "stop_reason": a.stop_reason}
@@ -690,7 +709,7 @@ class OpenAIServing:
                 for d in pieces:
                     if d is None:
                         continue
-                    if d.reasoning_content:
+                    if d.reasoning_content and req.include_reasoning:
                         for name in REASONING_FIELDS:
                             out[name] = out.get(name, "") + d.reasoning_content
                     if d.content:
@@ -723,7 +742,8 @@ class OpenAIServing:
                     c = out.outputs[0]
                     accs[i].add(out)
                     delta, called = deltas(i, c.text, out.finished)
-                    lp = {"content": fmt.content(c.token_ids, c.logprobs, top)} \
+                    lp = {"content": fmt.content(c.token_ids, c.logprobs, top,
+                                                 req.return_tokens_as_token_ids)} \
                         if req.logprobs and c.logprobs is not None else None
                     if not delta and not out.finished and not (lp and lp["content"]):
                         continue

@@ -19,7 +19,8 @@ at once, an invalid JSON Schema (checked against its metaschema by jsonschema-rs
 millisecond where pure-Python jsonschema takes seconds on a large schema), a schema
 keyword that xgrammar would silently drop (`json_schema_support.py`), a regex or grammar
 that does not parse, a regex escape xgrammar would misread (`regex_support.py`), and
-what xgrammar has no way to do (`whitespace_pattern`, `structural_tag`). Checks are
+what xgrammar has no way to do (`whitespace_pattern`, `structural_tag`, and the
+top-level `structural_tag` of vLLM <= 0.11). Checks are
 cached by spec, so a schema sent by every request is checked once.
 """
 
@@ -87,6 +88,12 @@ def grammar_spec_from_request(body: Mapping[str, Any], *,
                 continue
             param = f"structured_outputs.{key}"
             found.append((param, _constraint(key, value, param, any_whitespace)))
+    if body.get("structural_tag") is not None:
+        # vLLM <= 0.11's top-level name of structured_outputs.structural_tag: refused
+        # like that one (ignoring a constraint is never right here).
+        raise bad_request("structural_tag: structural tags are not supported; use "
+                          "structured_outputs json, regex, choice or grammar",
+                          "structural_tag")
     for legacy, key in LEGACY.items():
         value = body.get(legacy)
         if value is not None:

@@ -43,9 +43,11 @@ class CoreSamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     logit_bias_values: tuple[float, ...] = ()
     allowed_token_ids: tuple[int, ...] = ()     # empty: every token
     # Structured output: (kind, text, syntax, any_whitespace) of a GrammarSpec, and the
-    # token after which it is enforced (a reasoning model's `</think>`).
+    # token after which it is enforced (a reasoning model's `</think>`); with the start
+    # token set, the first token decides (`StructuredState`).
     grammar: tuple[str, str, str, bool] | None = None
     reasoning_end_token_id: int | None = None
+    reasoning_start_token_id: int | None = None
 
     @property
     def greedy(self) -> bool:

@@ -48,9 +48,13 @@ class SamplingParams:
     # as vLLM applies it; EOS only when listed).
     allowed_token_ids: list[int] | None = None
     # Structured output: a GrammarSpec's (kind, text, syntax, any_whitespace), enforced
-    # after `reasoning_end_token_id` when that is set.
+    # after `reasoning_end_token_id` when that is set. With `reasoning_start_token_id`
+    # set too, the output starts outside the reasoning: the first token may be that one
+    # (then the grammar waits for the end token) or one the grammar allows (it holds
+    # from there).
     grammar: tuple | None = None
     reasoning_end_token_id: int | None = None
+    reasoning_start_token_id: int | None = None
     skip_special_tokens: bool = True
     # What each output carries: "cumulative" (everything so far), "delta" (what is new
     # since the last output; the server streams these) or "final" (one output, at the
@@ -129,4 +133,5 @@ class SamplingParams:
             logit_bias_values=tuple(float(v) for v in (self.logit_bias or {}).values()),
             allowed_token_ids=tuple(sorted(set(self.allowed_token_ids or ()))),
             grammar=tuple(self.grammar) if self.grammar is not None else None,
-            reasoning_end_token_id=self.reasoning_end_token_id)
+            reasoning_end_token_id=self.reasoning_end_token_id,
+            reasoning_start_token_id=self.reasoning_start_token_id)

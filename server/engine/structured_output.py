@@ -250,51 +250,76 @@ class StructuredState:
 
     `reasoning_end_token_id`: when set, tokens pass freely (the bitmask is not applied)
     until that token (e.g. `</think>`) has been generated; the grammar constrains the
-    tokens after it. A finished grammar allows only the stop tokens; accepting one
-    terminates the matcher, and the engine finishes the request then, whatever
-    `ignore_eos` says.
+    tokens after it: the output starts inside the reasoning.
+    `reasoning_start_token_id` (with the end token): the output starts outside the
+    reasoning, and its first token decides, as `api.reasoning.ReasoningBoundary` does
+    in token space: the first step allows the grammar's tokens and the start token
+    (`<think>`); the start token opens the reasoning (free until the end token, then
+    the grammar), any other token is the grammar's first. So a model that wants to
+    think can, and one that does not answers under the grammar from its first token.
+    A finished grammar allows only the stop tokens; accepting one terminates the
+    matcher, and the engine finishes the request then, whatever `ignore_eos` says.
     """
 
     compiled: xgr.CompiledGrammar
     stop_token_ids: Sequence[int] | None = None
     reasoning_end_token_id: int | None = None
+    reasoning_start_token_id: int | None = None
     matcher: xgr.GrammarMatcher = field(init=False, repr=False)
     _free: int = field(default=0, init=False)       # tokens seen before enforcing
     _matched: int = field(default=0, init=False)    # tokens fed to the matcher
-    _enforcing: bool = field(default=True, init=False)
+    _phase: str = field(default="enforcing", init=False)
 
     def __post_init__(self) -> None:
         stops = sorted(set(self.stop_token_ids)) if self.stop_token_ids else None
         self.matcher = xgr.GrammarMatcher(self.compiled, override_stop_tokens=stops)
-        self._enforcing = self.reasoning_end_token_id is None
+        if self.reasoning_start_token_id is not None and self.reasoning_end_token_id is None:
+            raise ValueError("reasoning_start_token_id needs reasoning_end_token_id")
+        self._phase = self._initial_phase()
+
+    def _initial_phase(self) -> str:
+        """"undecided" (outside; the first token may open the reasoning), "free"
+        (inside the reasoning) or "enforcing"."""
+        if self.reasoning_end_token_id is None:
+            return "enforcing"
+        return "undecided" if self.reasoning_start_token_id is not None else "free"
 
     @property
     def enforcing(self) -> bool:
-        return self._enforcing
+        """The next token is masked (by the grammar, plus `<think>` while undecided)."""
+        return self._phase != "free"
 
     def accept(self, token_id: int) -> bool:
         """Advance by one generated token; False if the grammar does not allow it (the
         mask was not applied: the engine fails the request)."""
-        if not self._enforcing:
+        if self._phase == "undecided":
+            if token_id == self.reasoning_start_token_id:
+                self._phase = "free"
+                self._free += 1
+                return True
+            self._phase = "enforcing"
+        if self._phase == "free":
             self._free += 1
             if token_id == self.reasoning_end_token_id:
-                self._enforcing = True
+                self._phase = "enforcing"
             return True
         if self.matcher.is_terminated() or not self.matcher.accept_token(int(token_id)):
+            if self._matched == 0 and self._free == 0:
+                self._phase = self._initial_phase()
             return False
         self._matched += 1
         return True
 
     def is_terminated(self) -> bool:
-        return self._enforcing and self.matcher.is_terminated()
+        return self._phase == "enforcing" and self.matcher.is_terminated()
 
     def next_allowed(self) -> str:
         """What the grammar allows next: "none" (a dead end: the grammar can neither go
         on nor stop), "stop" (only its stop tokens: it is complete) or "some". For the
         rare step whose sampled token the grammar refused, to tell the client's grammar
         or min_tokens from a bug; one host bitmask, never on the hot path."""
-        if not self._enforcing:
-            return "some"
+        if self._phase != "enforcing":
+            return "some"                # free, or <think> is allowed
         if self.matcher.is_terminated():
             return "stop"
         bits = xgr.allocate_token_bitmask(1, self.compiled.tokenizer_info.vocab_size)
@@ -308,15 +333,27 @@ class StructuredState:
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the next token's allowed set into `bitmask[row]` (all allowed while
-        not enforcing)."""
-        if self._enforcing:
-            self.matcher.fill_next_token_bitmask(bitmask, row)
-        else:
+        free)."""
+        if self._phase == "free":
             bitmask[row].fill_(-1)
+            return
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.allow_extra(bitmask, row)
+
+    def allow_extra(self, bitmask: torch.Tensor, row: int) -> None:
+        """While undecided, set `<think>`'s bit next to the grammar's in `bitmask[row]`."""
+        if self._phase == "undecided":
+            tid = self.reasoning_start_token_id
+            word, bit = divmod(tid, 32)
+            if word < bitmask.shape[1]:
+                value = (int(bitmask[row, word]) & 0xFFFFFFFF) | (1 << bit)
+                bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
 
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last `num_tokens` accepted tokens (speculative or discarded steps);
-        rolling back over the reasoning end token turns enforcement off again."""
+        """Undo the last `num_tokens` accepted tokens (speculative or discarded steps).
+        The tokens are a free prefix (the reasoning, up to its end token) then the
+        grammar's: rolling back into the prefix stops enforcing again, and back to the
+        start restores the first token's choice."""
         if num_tokens < 0 or num_tokens > self._free + self._matched:
             raise ValueError(f"cannot roll back {num_tokens} of "
                              f"{self._free + self._matched} tokens")
@@ -327,7 +364,10 @@ class StructuredState:
         rest = num_tokens - undo
         if rest:
             self._free -= rest
-            self._enforcing = self.reasoning_end_token_id is None
+        if not self._free and not self._matched:
+            self._phase = self._initial_phase()
+        elif rest:                           # the end token went back: reasoning again
+            self._phase = "free"
 
 
 # -- the per-step bitmask ------------------------------------------------------------
@@ -354,6 +394,8 @@ def fill(rows_and_states: Sequence[tuple[int, StructuredState]],
             filler = _BATCH_FILLERS.setdefault(threads, xgr.BatchGrammarMatcher(threads))
         filler.batch_fill_next_token_bitmask([st.matcher for _, st in enforcing],
                                              bitmask_host)
+    for i, (_, st) in enumerate(enforcing):
+        st.allow_extra(bitmask_host, i)       # <think> on an undecided first step
     return [row for row, _ in enforcing]
 
 

@@ -82,7 +82,8 @@ class StructuredRequests:
             if status is GrammarStatus.READY:
                 p = req.params
                 stops = list(p.stop_token_ids) + list(req.eos_token_ids)
-                req.structured = StructuredState(fut.result(), stops, p.reasoning_end_token_id)
+                req.structured = StructuredState(fut.result(), stops, p.reasoning_end_token_id,
+                                                 p.reasoning_start_token_id)
                 self.num_running += 1
                 ready.append(req)
             elif status is GrammarStatus.TIMED_OUT:

@@ -39,7 +39,7 @@ def tools_model(tiny_models):
 def srv(tools_model):
     server = ThreadServer(tools_model, max_model_len=1024, max_num_seqs=16,
                           enable_auto_tool_choice=True, tool_call_parser="hermes",
-                          enable_prompt_tokens_details=True,
+                          enable_prompt_tokens_details=True, trust_request_chat_template=True,
                           served_model_name=["tiny", "tiny-alias"]).start()
     yield server
     server.stop()
@@ -436,31 +436,242 @@ def test_vllm_metric_families_move(srv):
 
 
 # -- reasoning ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen3_srv(tools_model):
+    server = ThreadServer(tools_model, max_model_len=1024, enable_auto_tool_choice=True,
+                          tool_call_parser="hermes", reasoning_parser="qwen3").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def r1_srv(tools_model):
+    server = ThreadServer(tools_model, max_model_len=1024, enable_auto_tool_choice=True,
+                          tool_call_parser="hermes", reasoning_parser="deepseek_r1").start()
+    yield server
+    server.stop()
+
+
+def think_ids(server) -> tuple[int, int]:
+    ids = []
+    for tag in ("<think>", "</think>"):
+        r = httpx.post(server.url + "/tokenize", json={"prompt": tag,
+                                                       "add_special_tokens": False}).json()
+        assert r["count"] == 1, r
+        ids.append(r["tokens"][0])
+    return ids[0], ids[1]
+
+
+def chat(server, **body) -> dict:
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"max_tokens": 24, "temperature": 1.0, "seed": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed(server, **body) -> dict:
+    """The streamed message's (reasoning, content, finish_reason) and every delta key."""
+    text = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "max_tokens": 24, "temperature": 1.0, "seed": 0, "stream": True, **body}).text
+    out = {"reasoning_content": "", "content": "", "keys": set(), "finish": None}
+    for line in text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for ch in json.loads(line[6:])["choices"]:
+            out["keys"] |= set(ch["delta"])
+            out["reasoning_content"] += ch["delta"].get("reasoning_content") or ""
+            out["content"] += ch["delta"].get("content") or ""
+            out["finish"] = ch["finish_reason"] or out["finish"]
+    return out
+
+
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
-def test_reasoning_content_split_streamed_and_not(tools_model, parser):
-    """The model's output is forced (a choice constraint: the history closes a think
-    block, so the grammar holds from the first token) to contain a think block."""
-    server = ThreadServer(tools_model, max_model_len=512, reasoning_parser=parser).start()
-    try:
-        forced = "<think>plan it</think>the answer" if parser == "qwen3" else \
-            "plan it</think>the answer"
-        body = {"messages": [{"role": "user", "content": "q"},
-                             {"role": "assistant", "content": "<think>x</think>y"},
-                             {"role": "user", "content": "again"}],
-                "max_tokens": 40, "temperature": 1.0,
-                "structured_outputs": {"choice": [forced]}}
-        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
-        msg = r["choices"][0]["message"]
-        assert msg["reasoning_content"] == "plan it" and msg["content"] == "the answer", msg
-        text = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": True},
-                          timeout=60).text
-        reasoning = content = ""
-        for line in text.splitlines():
-            if not line.startswith("data: {"):
-                continue
-            for ch in json.loads(line[6:])["choices"]:
-                reasoning += ch["delta"].get("reasoning_content") or ""
-                content += ch["delta"].get("content") or ""
-        assert (reasoning, content) == ("plan it", "the answer")
-    finally:
-        server.stop()
+def test_reasoning_content_split_streamed_and_not(qwen3_srv, r1_srv, parser):
+    """The model is steered by logit_bias: qwen3 (the prompt opens no think block, so
+    the first token decides) writes <think> then </think>; deepseek_r1 (starts inside)
+    writes </think>; after it the choice constraint holds the answer."""
+    server = qwen3_srv if parser == "qwen3" else r1_srv
+    think, end = think_ids(server)
+    bias = {str(think): 50, str(end): 100} if parser == "qwen3" else {str(end): 100}
+    body = {"messages": user("q"), "max_tokens": 40, "logit_bias": bias,
+            "structured_outputs": {"choice": ["the answer"]}}
+    msg = chat(server, **body)["choices"][0]["message"]
+    assert msg["reasoning_content"] is None and msg["content"] == "the answer", msg
+    s = streamed(server, **body)
+    assert (s["reasoning_content"], s["content"]) == ("", "the answer")
+
+
+W_REQUIRED = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+CONSTRAINTS = {
+    "regex": {"structured_outputs": {"regex": "[0-9]{3}"}},
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                "required": ["a"]}}}},
+    "required": W_REQUIRED,
+    "named": {"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                   "function": {"name": "get_weather"}}},
+}
+
+
+def check_constrained(kind: str, choice: dict) -> None:
+    msg = choice["message"]
+    assert msg["reasoning_content"] is None, msg
+    if kind == "regex":
+        assert re.fullmatch(r"[0-9]{3}", msg["content"] or ""), msg
+    elif kind == "json_schema":
+        assert isinstance(json.loads(msg["content"])["a"], int), msg
+    else:
+        assert msg["content"] is None and choice["finish_reason"] == "tool_calls", choice
+        for call in msg["tool_calls"]:
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                WEATHER["function"]["parameters"])
+
+
+@pytest.mark.parametrize("kind", list(CONSTRAINTS))
+def test_qwen3_grammar_holds_when_the_model_does_not_think(qwen3_srv, kind):
+    """Review finding 2: the prompt opens no think block and the model's first token is
+    not <think> (banned here, so the check does not depend on the model's whim): the
+    answer is under the grammar from its first token (it used to be unconstrained)."""
+    think, _ = think_ids(qwen3_srv)
+    body = {"messages": user("What's the weather in Paris?"), "max_tokens": 200,
+            "logit_bias": {str(think): -100}, **CONSTRAINTS[kind]}
+    for seed in range(2):
+        check_constrained(kind, chat(qwen3_srv, seed=seed, **body)["choices"][0])
+    if kind == "regex":
+        s = streamed(qwen3_srv, **body)
+        assert re.fullmatch(r"[0-9]{3}", s["content"]) and not s["reasoning_content"], s
+
+
+def test_qwen3_model_that_thinks_first_then_answers_under_the_grammar(qwen3_srv):
+    """The undecided first step allows <think> beside the grammar's tokens: a model
+    that opens a think block may think (no grammar there), and the answer after
+    </think> is held; the text splitter agrees on where it starts."""
+    think, end = think_ids(qwen3_srv)
+    r = chat(qwen3_srv, messages=user("q"), logit_bias={str(think): 50, str(end): 100},
+             structured_outputs={"regex": "[0-9]{3}"}, return_token_ids=True)
+    c = r["choices"][0]
+    assert c["token_ids"][:2] == [think, end], c
+    assert re.fullmatch(r"[0-9]{3}", c["message"]["content"]), c
+    assert c["message"]["reasoning_content"] is None
+
+
+@pytest.mark.parametrize("kind", ["regex", "named", "required"])
+def test_deepseek_r1_prompt_that_closed_the_think_block_is_content(r1_srv, kind):
+    """Review finding 3: with enable_thinking false the template closes the think block
+    in the prompt; the engine holds the grammar from the first token and the splitter
+    must call that output content (it was all reasoning, and the call's arguments "")."""
+    think, _ = think_ids(r1_srv)
+    body = {"messages": user("What's the weather in Paris?"), "max_tokens": 200,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "logit_bias": {str(think): -100}, **CONSTRAINTS[kind]}
+    check_constrained(kind, chat(r1_srv, **body)["choices"][0])
+    # with no closed block in the prompt, R1's output starts inside (vLLM's rule):
+    # a cut-off output is all reasoning
+    msg = chat(r1_srv, messages=user("hi"), max_tokens=6)["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["content"] is None, msg
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out(r1_srv):
+    """Review finding 4: vLLM's include_reasoning; the output starts inside the
+    reasoning (R1) and is cut short, so it is all reasoning."""
+    body = {"messages": user("hi"), "max_tokens": 6}
+    msg = chat(r1_srv, **body)["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"]
+    hidden = chat(r1_srv, include_reasoning=False, **body)["choices"][0]["message"]
+    assert "reasoning_content" not in hidden and "reasoning" not in hidden, hidden
+    assert hidden["content"] is None
+    s = streamed(r1_srv, include_reasoning=False, **body)
+    assert not s["keys"] & {"reasoning_content", "reasoning"} and s["finish"] == "length", s
+    shown = streamed(r1_srv, **body)
+    assert shown["reasoning_content"] == msg["reasoning_content"]
+
+
+# -- request fields vLLM honours (review findings 1, 5, 6, 8, 9) ----------------------------
+def test_request_chat_template_needs_the_trust_flag(srv, qwen3_srv):
+    """vLLM's --trust-request-chat-template: without it a request's template is a 400
+    (it was silently ignored); with it the prompt is rendered by that template."""
+    body = {"messages": user("hi"), "max_tokens": 1, "chat_template": '{{ "Xy" }}',
+            "return_token_ids": True}
+    r = httpx.post(qwen3_srv.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template", r.text
+    r = httpx.post(qwen3_srv.url + "/tokenize", json={"messages": user("hi"),
+                                                      "chat_template": '{{ "Xy" }}'})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template", r.text
+    ids = chat(srv, **body)["prompt_token_ids"]
+    assert httpx.post(srv.url + "/detokenize", json={"tokens": ids}).json()["prompt"] == "Xy"
+    r = httpx.post(srv.url + "/tokenize", json={"messages": user("hi"),
+                                                "chat_template": '{{ "Xy" }}'}).json()
+    assert r["tokens"] == ids
+
+
+def test_documents_reach_the_template(srv):
+    template = ("{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+                "{{ messages[-1].content }}")
+    ids = chat(srv, messages=user("hi"), max_tokens=1, chat_template=template,
+               return_token_ids=True,
+               documents=[{"title": "t", "text": "a long document"}])["prompt_token_ids"]
+    text = httpx.post(srv.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text == "[t: a long document]hi"
+
+
+def test_history_tool_call_arguments_reach_the_template_as_an_object(srv):
+    """Review finding 1, through the server: a Qwen3-Coder-style template iterates the
+    arguments (`| items`); it was a 400 with the arguments left a JSON string."""
+    template = ("{%- for m in messages -%}{%- if m.tool_calls -%}{%- for tc in m.tool_calls -%}"
+                "<function={{ tc.function.name }}>{%- for k, v in tc.function.arguments|items -%}"
+                "<parameter={{ k }}>{{ v }}</parameter>{%- endfor -%}</function>"
+                "{%- endfor -%}{%- else -%}{{ m.content }}{%- endif -%}|{%- endfor -%}")
+    history = user("weather?") + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21C"}]
+    ids = chat(srv, messages=history, max_tokens=1, chat_template=template,
+               return_token_ids=True)["prompt_token_ids"]
+    text = httpx.post(srv.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text == "weather?|<function=get_weather><parameter=city>Paris</parameter></function>|21C|"
+    history[1]["tool_calls"][0]["function"]["arguments"] = '{"city": '
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": history, "max_tokens": 1})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+
+
+def test_chat_logprobs_return_tokens_as_token_ids(srv):
+    """Review finding 6: as on /v1/completions, tokens are written token_id:<id>."""
+    c = chat(srv, messages=user("hi"), max_tokens=3, logprobs=True, top_logprobs=2,
+             return_tokens_as_token_ids=True, return_token_ids=True)["choices"][0]
+    entries = c["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [f"token_id:{t}" for t in c["token_ids"]]
+    assert all(e["bytes"] == list(e["token"].encode()) for e in entries)
+    assert all(t["token"].startswith("token_id:") for e in entries for t in e["top_logprobs"])
+    s = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "messages": user("hi"), "max_tokens": 3, "logprobs": True, "stream": True,
+        "return_tokens_as_token_ids": True}).text
+    tokens = [e["token"] for line in s.splitlines() if line.startswith("data: {")
+              for ch in json.loads(line[6:])["choices"]
+              for e in ((ch.get("logprobs") or {}).get("content") or [])]
+    assert tokens and all(t.startswith("token_id:") for t in tokens)
+
+
+def test_required_call_cut_by_max_tokens_has_no_content(srv, client):
+    """Review finding 8: pieces of the forced JSON (`, `, `[{"na`) are not content."""
+    for max_tokens in (2, 5, 9, 14, 20, 27):
+        kw = dict(model="tiny", messages=user("weather?"), tools=[WEATHER, TIME],
+                  tool_choice="required", temperature=1.0, seed=max_tokens,
+                  max_tokens=max_tokens)
+        c = client.chat.completions.create(**kw).choices[0]
+        assert c.message.content is None, (max_tokens, c)
+        assert c.finish_reason in ("length", "tool_calls")
+        content = "".join(ch.choices[0].delta.content or ""
+                          for ch in client.chat.completions.create(stream=True, **kw)
+                          if ch.choices)
+        assert content == "", (max_tokens, content)
+
+
+def test_required_with_no_tools_is_none(client):
+    """Review finding 9: vLLM (and OpenAI) treat `tools: []` with "required" as "none"."""
+    r = client.chat.completions.create(model="tiny", messages=user("hi"), tools=[],
+                                       tool_choice="required", max_tokens=3)
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason in ("length", "stop")

@@ -61,6 +61,9 @@ CASES = [
     (DeepSeekR1ReasoningParser, R1_PROMPT, "Let me think about", "Let me think about", None),
     (DeepSeekR1ReasoningParser, R1_PROMPT, "done</think>", "done", None),
     (DeepSeekR1ReasoningParser, R1_PROMPT, "", None, None),
+    # the prompt closed the block (a hybrid template, thinking off): all content
+    (DeepSeekR1ReasoningParser, QWEN_NO_THINK_PROMPT, '{"city": "Paris"}', None,
+     '{"city": "Paris"}'),
     # content keeps later tags and its own whitespace
     (DeepSeekR1ReasoningParser, R1_PROMPT, "a</think>b <think> c </think> d  ", "a",
      "b <think> c </think> d  "),
@@ -103,7 +106,12 @@ def test_split_whole_and_streamed(cls, prompt, text, reasoning, content):
 
 def test_where_the_output_starts():
     assert DeepSeekR1ReasoningParser.starts_in_reasoning(None)
-    assert DeepSeekR1ReasoningParser.starts_in_reasoning(QWEN_NO_THINK_PROMPT)
+    assert DeepSeekR1ReasoningParser.starts_in_reasoning(R1_PROMPT)
+    assert DeepSeekR1ReasoningParser.starts_in_reasoning(QWEN_THINKING_PROMPT)   # no tag
+    # a prompt that closed the block (thinking off) starts outside, as the engine's
+    # grammar does (review finding 3: it used to be all reasoning)
+    assert not DeepSeekR1ReasoningParser.starts_in_reasoning(QWEN_NO_THINK_PROMPT)
+    assert not DeepSeekR1ReasoningParser.starts_in_reasoning(QWEN_HISTORY_PROMPT)
     assert not Qwen3ReasoningParser.starts_in_reasoning(None)
     assert not Qwen3ReasoningParser.starts_in_reasoning(QWEN_THINKING_PROMPT)
     assert not Qwen3ReasoningParser.starts_in_reasoning(QWEN_NO_THINK_PROMPT)

@@ -360,6 +360,52 @@ def test_reasoning_then_enforcing_and_rollback(tokenizer, compiler, vocab_size, 
         st.rollback(len(thought) + 2)
 
 
+@pytest.mark.parametrize("thinks", [False, True])
+def test_undecided_start_allows_think_beside_the_grammar(tokenizer, compiler, vocab_size,
+                                                         eos_ids, thinks):
+    """Output starting outside the reasoning (review finding 2): the first step allows
+    the grammar's tokens and <think>; <think> frees the output until </think>, any
+    other first token is the grammar's (enforced from there, never unmasked)."""
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")   # stands in for <think>
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")       # stands in for </think>
+    cg = compiled(compiler, GrammarSpec.regex(r"[0-9]+"))
+    st = StructuredState(cg, eos_ids, reasoning_end_token_id=end,
+                         reasoning_start_token_id=start)
+    bm = torch.zeros(2, so.bitmask_words(vocab_size), dtype=torch.int32)
+    assert st.enforcing and so.fill([(3, st)], bm) == [3], "the first step is masked"
+    first = allowed_ids(bm[0], vocab_size)
+    digits = [i for i in first if i != start]
+    assert start in first and end not in first
+    assert digits and all(tokenizer.decode([i]).isdigit() for i in digits)
+    st.fill_bitmask(bm, 1)
+    assert torch.equal(bm[1], bm[0])
+    if thinks:
+        assert st.accept(start) and not st.enforcing
+        assert so.fill([(3, st)], bm) == []
+        for tok in tokenizer("hmm, 12 or 13")["input_ids"]:
+            assert st.accept(tok)
+        assert st.accept(end) and st.enforcing
+        so.fill([(3, st)], bm)
+        assert start not in allowed_ids(bm[0], vocab_size), "<think> only as the first token"
+        st.rollback(1)                       # undo </think>: still thinking
+        assert not st.enforcing
+        st.rollback(st._free)                # back to the start: undecided again
+        so.fill([(3, st)], bm)
+        assert allowed_ids(bm[0], vocab_size) == first
+    else:
+        assert st.accept(digits[0]) and st.enforcing
+        so.fill([(3, st)], bm)
+        after = allowed_ids(bm[0], vocab_size)
+        assert start not in after and all(tokenizer.decode([i]).isdigit() for i in after
+                                          if i not in eos_ids)
+        assert not st.accept(tokenizer("a")["input_ids"][0])
+        st.rollback(1)                       # undo the digit: undecided again
+        so.fill([(3, st)], bm)
+        assert allowed_ids(bm[0], vocab_size) == first
+    with pytest.raises(ValueError):
+        StructuredState(cg, eos_ids, reasoning_start_token_id=start)
+
+
 # -- bitmask kernels -----------------------------------------------------------------
 def random_case(seed: int, batch: int, vocab: int, n_rows: int, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
@@ -596,6 +642,17 @@ INVALID = [
     ({"guided_json": {}, "guided_decoding_backend": 3}, "guided_decoding_backend", "string"),
     ({"structured_outputs": {"regex": "a" * (1 << 18) + "b"}}, "structured_outputs.regex",
      "too large"),
+    # vLLM <= 0.11's top-level name: refused like structured_outputs.structural_tag,
+    # never ignored (review finding 7)
+    ({"structural_tag": '{"type": "structural_tag", "structures": [], "triggers": []}'},
+     "structural_tag", "structural tags are not supported"),
+    # a valid draft-07 tuple is not "invalid": the message names what cannot be enforced
+    # (review finding 11)
+    (rf_schema({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                "properties": {"xy": {"type": "array", "items": [{"type": "number"},
+                                                                {"type": "number"}]}}}),
+     SCHEMA_PARAM, "cannot enforce array-form `items` (draft-07 tuples; write them as "
+                   "`prefixItems`, with `items` for the rest) (at #/properties/xy)"),
 ]
 
 

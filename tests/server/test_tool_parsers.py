@@ -86,7 +86,7 @@ def check_fixture(cls, text, content, calls, **kw):
     got_content, got_calls = assert_streams_like_whole(cls, text, **kw)
     assert got_content == content
     assert [(name, args) for _, name, args in got_calls] == calls
-    if not calls:
+    if not calls and cls is not RequiredToolParser:     # forced JSON is never content
         assert got_content == text, "with no call, content must be the text unchanged"
 
 
@@ -181,7 +181,12 @@ REQUIRED = [
     ('[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}]', None,
      [("a", '{"x": 1}'), ("b", "{}")]),
     (' [ {"name": "a", "parameters": {"q": "]"}} ]\n', None, [("a", '{"q": "]"}')]),
-    ("not a list", SAME, []),
+    # Forced JSON is never content: a cut-off list leaves only its finished calls
+    # (review finding 8: `, ` and `, {"name": "` came back as message.content).
+    ("not a list", None, []),
+    ('[{"name": "a", "parameters": {"x": 1}}, ', None, [("a", '{"x": 1}')]),
+    ('[{"name": "a", "parameters": {"x": 1}}, {"name": "', None, [("a", '{"x": 1}')]),
+    ('[{"na', None, []),
 ]
 
 
@@ -413,10 +418,17 @@ def test_auto_without_parallel_calls_keeps_the_first_call():
     assert [c.name for c in both.result().tool_calls] == ["a", "b"]
 
 
+def test_required_with_an_empty_tools_list_is_none():
+    """vLLM's check_tool_usage (OpenAI's behaviour): `tools: []` with "required" is
+    "none", not a 400 (review finding 9)."""
+    plan = plan_tool_choice([], "required", auto_enabled=True)
+    assert plan.mode == "none" and plan.schema is None and plan.tools == ()
+
+
 @pytest.mark.parametrize(("tools", "choice", "param"), [
     (TOOLS, "auto", "tool_choice"),                      # auto without the flags
     (None, "required", "tool_choice"),
-    ([], "required", "tool_choice"),
+    ([], "auto", "tool_choice"),
     (TOOLS, "sometimes", "tool_choice"),
     (TOOLS, {"type": "function"}, "tool_choice"),
     (TOOLS, {"type": "function", "function": {"name": "missing"}}, "tool_choice.function.name"),
@@ -468,7 +480,9 @@ def test_random_texts_never_raise_and_stream_like_whole(cls):
             text = "[TOOL_CALLS]f" + rng.choice(["", "[ARGS]"]) + "{" + text
         content, calls = whole(cls, text)
         calls_seen += bool(calls)
-        if not calls:
+        if cls is RequiredToolParser:
+            assert content is None, "forced JSON is never content"
+        elif not calls:
             assert content == text
         for chunks in list(chunkings(text, random_cuts=5))[::7]:
             assert reassemble(cls(id_factory=counter_ids()), chunks) == (content or "", calls)

@@ -130,3 +130,60 @@ def test_continue_final_message(tokenizer):
         [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
         tokenize=False, continue_final_message=True)
     assert text.endswith("<|im_start|>assistant\nHel")
+
+
+# Excerpts of real templates that read a call's arguments as a mapping (review finding 1):
+# Llama 3.1's and vLLM's tool_chat_template_llama3.1_json.jinja (`arguments | tojson`),
+# and Qwen3-Coder's (`arguments | items`).
+CALLS_TEMPLATE = (
+    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
+    "{% if message.tool_calls -%}{%- for tc in message.tool_calls -%}"
+    "{%- set tool_call = tc.function -%}CALL{%- endfor -%}"
+    "{%- elif message.tool_calls is defined -%}EMPTY-LIST"
+    "{%- else -%}{{ message.content }}{%- endif -%}<|im_end|>\n{% endfor -%}")
+LLAMA_CALL = ('{"name": "{{ tool_call.name }}", "parameters": '
+              '{{ tool_call.arguments | tojson }}}')
+CODER_CALL = ("<function={{ tool_call.name }}>{%- for k, v in tool_call.arguments|items -%}"
+              "<parameter={{ k }}>{{ v }}</parameter>{%- endfor -%}</function>")
+
+
+def history(*arguments, calls=True):
+    tool_calls = [{"id": f"call_{k}", "type": "function",
+                   "function": {"name": "get_weather", **({} if a is None else
+                                                          {"arguments": a})}}
+                  for k, a in enumerate(arguments)] if calls else []
+    return [ChatMessage.model_validate(m) for m in [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": tool_calls},
+        {"role": "tool", "tool_call_id": "call_0", "content": "21C"}]]
+
+
+@pytest.mark.parametrize("call,expected", [
+    (LLAMA_CALL, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    (CODER_CALL, "<function=get_weather><parameter=city>Paris</parameter></function>"),
+])
+def test_history_arguments_reach_the_template_as_a_mapping(tokenizer, call, expected):
+    """OpenAI clients send `arguments` as a JSON string; templates get the object, as
+    vLLM's _postprocess_messages gives it (it was encoded twice, or a 400, before)."""
+    template = CALLS_TEMPLATE.replace("CALL", call)
+    text = render_chat(tokenizer, history('{"city": "Paris"}'), template=template,
+                       add_generation_prompt=False, continue_final_message=False)
+    assert f"<|im_start|>assistant\n{expected}<|im_end|>" in text, text
+    # empty or missing arguments are {}; a dict stays as it is
+    text = render_chat(tokenizer, history("", None, {"city": "Lima"}),
+                       template=CALLS_TEMPLATE.replace("CALL", LLAMA_CALL),
+                       add_generation_prompt=False, continue_final_message=False)
+    assert text.count('"parameters": {}') == 2 and '"parameters": {"city": "Lima"}' in text
+    # an empty tool_calls list is dropped: the template takes the plain assistant path
+    text = render_chat(tokenizer, history(calls=False), template=template,
+                       add_generation_prompt=False, continue_final_message=False)
+    assert "EMPTY-LIST" not in text and "<|im_start|>assistant\n<|im_end|>" in text
+
+
+def test_history_arguments_that_are_not_json_are_a_400(tokenizer):
+    from pagefleet.server.api.errors import APIError
+    with pytest.raises(APIError) as err:
+        render_chat(tokenizer, history('{"city": "Par'), template=None,
+                    add_generation_prompt=True, continue_final_message=False)
+    assert err.value.status == 400
+    assert err.value.param == "messages.1.tool_calls.0.function.arguments"

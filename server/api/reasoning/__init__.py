@@ -11,8 +11,12 @@ reasoning:
     reasoning, content = parser.result()   # == Parser.split(full_text, prompt=prompt_text)
 
 Tool-call parsing and structured output apply to the content part only: feed the
-content deltas to the tool parser, and give the engine a `ReasoningBoundary` built
-from `think_token_ids(...)` so its grammar starts after `</think>`.
+content deltas to the tool parser. The server decides where the output starts once
+(`Parser.starts_in_reasoning(prompt)`), builds the splitter with `in_reasoning=` that
+answer and gives the engine the same answer in token ids (`think_token_ids(...)`:
+`reasoning_end_token_id`, plus `reasoning_start_token_id` when starting outside), so
+its grammar holds exactly what the splitter calls content; `ReasoningBoundary` is the
+token-space statement of that rule.
 """
 
 from __future__ import annotations

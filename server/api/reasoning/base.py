@@ -9,6 +9,7 @@ Where the output starts matters, and the prompt says it:
 - inside the reasoning, when the chat template opened `<think>` in the prompt
   (DeepSeek-R1's and Qwen3-Thinking-2507's templates do): everything up to `</think>`
   is reasoning, and with no `</think>` at all (cut short) the whole output is;
+  DeepSeek-R1's parser starts inside also when the prompt has no think tag at all;
 - outside it otherwise: the output is reasoning only if its very first characters
   are `<think>` (original Qwen3 with thinking on); if not, it is all content, tags and
   all (Qwen3 with `enable_thinking=False`, whose template closes an empty block in the
@@ -186,18 +187,26 @@ class ReasoningParser:
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
-    """DeepSeek-R1 (and its distills): the output always starts inside the reasoning.
+    """DeepSeek-R1 (and its distills): the output starts inside the reasoning unless
+    the prompt has closed it.
 
     R1's template ends the prompt with `<think>\\n`; older templates let the model
     write `<think>` itself, which is then stripped. Like vLLM's `deepseek_r1`, an
-    output without `</think>` is all reasoning.
+    output without `</think>` is all reasoning. Unlike vLLM's, a prompt whose last
+    think tag is `</think>` (a hybrid template with thinking off writes
+    `<think></think>` into the generation prompt; R1's own template strips the
+    reasoning from the history) starts outside, as `qwen3` does: the engine then
+    holds a structured output's grammar from the first token, and the splitter must
+    call that output content.
     """
 
     name = "deepseek_r1"
 
     @classmethod
     def starts_in_reasoning(cls, prompt: str | None) -> bool:
-        return True
+        if prompt is None:
+            return True
+        return prompt.rfind(cls.start_tag) >= prompt.rfind(cls.end_tag)
 
 
 class Qwen3ReasoningParser(ReasoningParser):

@@ -11,9 +11,10 @@ DeepSeek-R1's). `ReasoningBoundary` follows the same rules as the text splitter:
   first token means there is no reasoning and content starts at 0.
 
 In the second case the first token is undecided while a grammar is active: the
-engine should allow `<think>` (`first_token_extra()`) next to the grammar's tokens
-for the first step, so a model that wants to think can, and one that does not starts
-the answer under the grammar at once.
+engine allows `<think>` (`first_token_extra()`) next to the grammar's tokens for the
+first step, so a model that wants to think can, and one that does not starts the
+answer under the grammar at once. The engine core cannot import this module; its
+`StructuredState` (with `reasoning_start_token_id`) implements the same rule.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ whatever `--tool-call-parser` says (and need none):
 
 from __future__ import annotations
 
+import dataclasses
+
 from pagefleet.server.api.tool_parsers.base import ToolParser
 from pagefleet.server.api.tool_parsers.calllist import CallList
 from pagefleet.server.api.tool_parsers.jsonscan import WHITESPACE, Scan, skip_ws
@@ -19,9 +21,20 @@ REQUIRED_ARGS_KEYS = ("parameters", "arguments")
 
 
 class RequiredToolParser(ToolParser):
-    """`[{"name": ..., "parameters": ...}, ...]`; anything else is content."""
+    """`[{"name": ..., "parameters": ...}, ...]`; nothing else is content.
+
+    The output is forced JSON, never text for the user: what is not a call (the list's
+    `, ` and an unfinished call object when max_tokens cuts the output, `[` alone) is
+    dropped, and `content` is always null, as OpenAI's forced calls have it.
+    """
 
     name = "required"
+
+    def _content(self, s: str) -> None:
+        pass
+
+    def result(self):
+        return dataclasses.replace(super().result(), content=None)
 
     def __init__(self, id_factory: IdFactory | None = None) -> None:
         super().__init__(id_factory)

@@ -99,6 +99,10 @@ def plan_tool_choice(tools: Any, tool_choice: Any, *, auto_enabled: bool,
     which is vLLM's default.
     """
     funcs = parse_tools(tools)
+    if tool_choice == "required" and isinstance(tools, list) and not tools:
+        # vLLM (protocol.check_tool_usage): "required" with an empty `tools` list is
+        # "none", as OpenAI has it; agent frameworks send `tools: []` with no tool on.
+        return ToolChoicePlan("none", ())
     if tool_choice is None:
         tool_choice = "auto" if funcs and auto_enabled else "none"
     if isinstance(tool_choice, str):
