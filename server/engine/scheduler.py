@@ -108,9 +108,16 @@ class Scheduler:
         return min(num_new, budget)
 
     def _leader_prefilling(self, req: Request) -> bool:
-        """An `n > 1` follower waits while its leader's prompt is not in the cache."""
+        """An `n > 1` follower waits while its leader's prompt is being computed, so the
+        prompt is computed once and shared through the prefix cache. Only while the
+        leader is RUNNING: a waiting leader (preempted, or queued in the other heap of
+        the short/long queue, since its recompute counts its output tokens too) may sit
+        behind the follower, which blocks the queue as its head, so waiting for it
+        would never end. Then the follower goes without sharing; the leader gets the
+        follower's prompt blocks from the cache instead."""
         leader = self.requests.get(req.prefix_leader) if req.prefix_leader else None
-        return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
+        return (leader is not None and leader.status is Status.RUNNING
+                and leader.num_computed_tokens < leader.num_prompt_tokens)
 
     def room_for_arrivals(self) -> bool:
         """Whether a request arriving now would join the next step: nothing waits ahead

@@ -1,0 +1,73 @@
+"""Scheduling under pressure on the real engine (tiny model): preemption, `n > 1`
+groups, prompt logprobs of recomputed prompts, short prompts next to a long prefill.
+Assertions are on outputs, counts and step order, never on time."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagefleet.server import LLM, SamplingParams
+from pagefleet.server.config import EngineConfig
+from pagefleet.server.engine.engine import LLMEngine
+from tests.server.helpers import random_prompts
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    return tiny_models("qwen3")
+
+
+@pytest.fixture(scope="module")
+def solo(model):
+    """Greedy outputs of requests run alone on a roomy engine."""
+    llm = LLM(model, block_size=16, max_model_len=256)
+    cache: dict = {}
+
+    def run(prompt: list[int], params: SamplingParams):
+        key = (tuple(prompt), params.max_tokens, params.prompt_logprobs)
+        if key not in cache:
+            cache[key] = llm.generate([prompt], params)[0]
+        return cache[key]
+    return run
+
+
+def run_all(eng: LLMEngine, max_steps: int = 1000) -> tuple[dict, list]:
+    """Step until every request finished; (request id -> its last output, the ids
+    that got a first token, in step order)."""
+    done, first_tokens = {}, []
+    for _ in range(max_steps):
+        if not eng.has_unfinished_requests():
+            break
+        for o in eng.step():
+            if o.outputs[0].token_ids and o.request_id not in first_tokens:
+                first_tokens.append(o.request_id)
+            if o.finished:
+                done[o.request_id] = o
+    return done, first_tokens
+
+
+def test_a_follower_does_not_wait_for_a_preempted_leader_in_the_other_heap(model, solo):
+    """An `n > 1` follower waits for its leader's prompt only while the leader runs.
+    Here the leader L is preempted; its recompute (prompt + outputs) is long, so it
+    queues in the long heap, while its follower F (same arrival, short prompt) heads the
+    short heap. Waiting for L there blocked the whole queue for good."""
+    cfg = EngineConfig(model=str(model), max_num_seqs=2, num_kv_blocks=7, block_size=16,
+                       short_prompt_tokens=16, max_model_len=112)
+    eng = LLMEngine(cfg)
+    p = greedy(60)
+    x, lead = list(range(5, 15)), list(range(20, 30))
+    eng.add_request("X", x, p, arrival_time=1.0)
+    eng.add_request("L", lead, p, arrival_time=2.0)
+    eng.add_request("F", lead, p, arrival_time=2.0, prefix_leader="L")
+    done, _ = run_all(eng)
+    assert sorted(done) == ["F", "L", "X"], (
+        "stuck: " + str([(r.request_id, r.num_tokens) for r in eng.scheduler.waiting]))
+    assert eng.scheduler.num_preemptions > 0
+    alone = solo(lead, p).outputs[0].token_ids
+    assert done["L"].outputs[0].token_ids == alone == done["F"].outputs[0].token_ids
+    assert done["X"].outputs[0].token_ids == solo(x, p).outputs[0].token_ids
+    eng.kv.check_whole()
