@@ -331,6 +331,9 @@ class EngineCore:
             except StagingOverflow as e:
                 staging.grow(e)
         staging.commit()
+        if rstep.prompt_logprobs is not None:   # staged once: a recompute skips them
+            for r, first, n in rstep.prompt_logprobs.segments:
+                r.prompt_logprobs_next = first + n
         logits = self.runner.execute(rstep)
         n_tok = n_prompt = 0
         for s in sched.scheduled:

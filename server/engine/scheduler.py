@@ -192,8 +192,10 @@ class Scheduler:
             if req.num_pending or self._leader_prefilling(req):
                 break   # its tokens are not all known yet: next step
             hits, num_hit_tokens = ([], 0)
-            if req.num_computed_tokens == 0 and req.params.prompt_logprobs is None:
-                # (prompt logprobs need every prompt position computed: no cache hits)
+            if req.num_computed_tokens == 0 and (req.params.prompt_logprobs is None or
+                                                 req.prompt_logprobs_next >= req.num_prompt_tokens):
+                # (prompt logprobs need every prompt position computed: no cache hits
+                # until all were reported, e.g. before a recompute after preemption)
                 hits, num_hit_tokens = kv.get_computed_blocks(req)
             left = req.num_tokens - num_hit_tokens
             if left > budget and not self.enable_chunked_prefill:

@@ -71,3 +71,25 @@ def test_a_follower_does_not_wait_for_a_preempted_leader_in_the_other_heap(model
     assert done["L"].outputs[0].token_ids == alone == done["F"].outputs[0].token_ids
     assert done["X"].outputs[0].token_ids == solo(x, p).outputs[0].token_ids
     eng.kv.check_whole()
+
+
+@pytest.mark.parametrize("tokens", [None, 8])   # 8: prompts prefilled in chunks
+def test_prompt_logprobs_are_reported_once_whatever_the_preemptions(model, solo, tokens):
+    """A preempted request's prompt is computed again; its prompt logprobs were
+    already sent and must not be sent again (they doubled, and the API indexed past
+    the prompt: a 500)."""
+    prompts = [[(7 * i + 3 * j) % 400 + 5 for j in range(20)] for i in range(6)]
+    p = greedy(40, prompt_logprobs=1)
+    kw = {"max_num_batched_tokens": tokens} if tokens else {}
+    llm = LLM(str(model), block_size=16, max_model_len=64, num_kv_blocks=8, max_num_seqs=6, **kw)
+    crowd = llm.generate(prompts, p)
+    assert llm.stats()["num_preemptions"] > 0
+    for prompt, c in zip(prompts, crowd):
+        a = solo(prompt, p)
+        assert len(c.prompt_logprobs) == len(prompt)
+        assert c.outputs[0].token_ids == a.outputs[0].token_ids
+        assert c.prompt_logprobs[0] is None
+        for got, want in zip(c.prompt_logprobs[1:], a.prompt_logprobs[1:]):
+            assert got.keys() == want.keys()
+            assert all(got[t] == pytest.approx(want[t], abs=1e-4) for t in got)
+    llm.engine.kv.check_whole()
