@@ -3,7 +3,9 @@
 Each step: running requests first (decodes, then continuing prefill chunks), then
 waiting requests in policy order (short prompts may go ahead of long ones queued just
 before them, see request_queue.py) while both budgets and the KV pool allow. A prompt
-longer than the remaining token budget is chunked when chunked prefill is on. When a
+longer than the remaining token budget is chunked when chunked prefill is on. While a
+short prompt heads the queue, the continuing chunks leave it room (up to half the
+budget), so it does not wait out a long prefill that started before it. When a
 running request needs a block and none is free, the request the policy ranks last is
 preempted: its blocks are freed and it goes back to the waiting queue to be
 recomputed later (prefix caching usually gives most of its blocks back).
@@ -119,6 +121,30 @@ class Scheduler:
         return (leader is not None and leader.status is Status.RUNNING
                 and leader.num_computed_tokens < leader.num_prompt_tokens)
 
+    def _short_reserve(self, budget: int) -> tuple[int, Request | None]:
+        """(tokens, head): what the running prefill chunks leave over this step for a
+        short prompt at the head of the waiting queue: its tokens to compute, at most
+        half the budget left after the decodes. Without it a prompt chunked over many
+        steps took the whole budget each step, and a question that arrived once a long
+        document was admitted waited out the document's whole prefill: the short heap
+        only helped while both were queued. The running chunks keep at least half the
+        budget, so a long prefill still progresses every step however many short
+        prompts come. Nothing is set aside for a long head (plain policy order), a head
+        that cannot be admitted this step (no row, its tokens not known, its leader
+        prefilling, too few free blocks), or with chunked prefill off. O(log n): a peek
+        at the queue's head."""
+        if (not self.enable_chunked_prefill or not self.waiting
+                or len(self.running) >= self.max_num_seqs):
+            return 0, None
+        head = self.waiting.peek()
+        need = head.num_tokens - head.num_computed_tokens
+        if need > self.waiting.short_tokens or head.num_pending or self._leader_prefilling(head):
+            return 0, None
+        reserve = min(need, budget // 2)
+        if self.kv.blocks_needed(reserve) > self.kv.num_free_blocks:
+            return 0, None   # the pool cannot take it now: the budget would go unused
+        return reserve, head
+
     def room_for_arrivals(self) -> bool:
         """Whether a request arriving now would join the next step: nothing waits ahead
         of it and the running requests' next tokens leave budget and a row over. It
@@ -159,11 +185,17 @@ class Scheduler:
             elif left > 1:
                 chunks.append(req)
         rest: list[ScheduledRequest] = []
+        reserve, head = self._short_reserve(budget) if chunks else (0, None)
         for req in needy + chunks if needy else chunks:
             if req.status is not Status.RUNNING:
                 continue   # preempted earlier in this step
             left = req.num_tokens - req.num_computed_tokens
-            num_new = left if left == 1 else self._chunk(left, budget)
+            if left == 1:
+                num_new = 1
+            elif reserve and (self.policy != "priority" or head.priority <= req.priority):
+                num_new = self._chunk(left, budget - reserve)   # room for the short head
+            else:
+                num_new = self._chunk(left, budget)
             if num_new <= 0 or num_new > budget:
                 continue
             while not kv.allocate_slots(req, num_new):

@@ -24,7 +24,7 @@ def model(tiny_models):
 @pytest.fixture(scope="module")
 def solo(model):
     """Greedy outputs of requests run alone on a roomy engine."""
-    llm = LLM(model, block_size=16, max_model_len=256)
+    llm = LLM(model, block_size=16, max_model_len=1024)
     cache: dict = {}
 
     def run(prompt: list[int], params: SamplingParams):
@@ -93,3 +93,32 @@ def test_prompt_logprobs_are_reported_once_whatever_the_preemptions(model, solo,
             assert got.keys() == want.keys()
             assert all(got[t] == pytest.approx(want[t], abs=1e-4) for t in got)
     llm.engine.kv.check_whole()
+
+
+def test_a_short_prompt_does_not_wait_out_a_running_long_prefill(model, solo):
+    """A question that arrives once a long document's chunked prefill has started gets
+    its first token while the document is still prefilling (it took the whole budget
+    each step, so the question waited for all of it); both outputs equal their solo
+    runs token for token."""
+    cfg = EngineConfig(model=str(model), block_size=16, max_model_len=1024, num_kv_blocks=80,
+                       max_num_batched_tokens=64, short_prompt_tokens=32)
+    eng = LLMEngine(cfg)
+    doc, question = random_prompts(41, [700, 12], 512)
+    p = greedy(6)
+    eng.add_request("doc", doc, p)
+    eng.step()
+    d = eng.scheduler.requests["doc"]
+    assert 0 < d.num_computed_tokens < d.num_prompt_tokens    # mid-prefill
+    eng.add_request("question", question, p)
+    first_token_step, step = {}, 0
+    while eng.has_unfinished_requests():
+        step += 1
+        for o in eng.step():
+            if o.outputs[0].token_ids:
+                first_token_step.setdefault(o.request_id, step)
+            if o.finished:
+                want = solo(doc if o.request_id == "doc" else question, p)
+                assert o.outputs[0].token_ids == want.outputs[0].token_ids
+        assert step < 200
+    assert first_token_step["question"] < first_token_step["doc"]
+    eng.kv.check_whole()
