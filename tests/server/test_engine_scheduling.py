@@ -122,3 +122,54 @@ def test_a_short_prompt_does_not_wait_out_a_running_long_prefill(model, solo):
         assert step < 200
     assert first_token_step["question"] < first_token_step["doc"]
     eng.kv.check_whole()
+
+
+def test_preempted_requests_do_not_fill_the_admission_queue(model):
+    """--max-num-queued-requests bounds requests accepted and never scheduled
+    (docs/server.md). Preempted requests were admitted and resume by themselves; they
+    counted too, so new requests got 429s under KV pressure with nothing new queued."""
+    import asyncio
+
+    from pagefleet.server.engine.async_engine import AsyncEngine
+    from pagefleet.server.engine.core_process import ServedEngine
+
+    served = ServedEngine(EngineConfig(model=str(model), block_size=16, max_model_len=128,
+                                       num_kv_blocks=10, max_num_seqs=16), model)
+
+    async def until(cond, what: str, limit: float = 120.0) -> None:
+        """Poll a condition (a bound against hangs, not a timing assertion)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit
+        while not cond():
+            assert loop.time() < end, f"timed out waiting for {what}"
+            await asyncio.sleep(0.005)
+
+    async def main():
+        eng = AsyncEngine(served.core, served.ready, served.tokenizer, max_num_queued_requests=3)
+        await eng.start()
+        try:
+            # 6 one-block prompts start in the first steps (10 blocks, 16 rows), then
+            # outgrow the pool and preempt each other: none of them is queued anew.
+            streams = [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3)]
+            await until(lambda: all(s.scheduled_time for s in streams), "r0-r2 scheduled")
+            streams += [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3, 6)]
+            await until(lambda: all(s.scheduled_time for s in streams), "r3-r5 scheduled")
+            await until(lambda: eng.num_waiting >= 3, "preemptions")
+            assert eng.num_unscheduled == 0
+            eng.check_admission(3)          # raised QueueFullError: "5 requests waiting"
+            probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(3)]
+            with pytest.raises(Exception, match="queue is full"):
+                eng.check_admission(1)      # the limit still holds for new requests
+            done = streams + probes
+            await until(lambda: all(s.finished for s in done), "all finished", 300)
+            assert all(s.error is None for s in done)
+            assert eng.num_unscheduled == eng.num_waiting == eng.num_running == 0
+        finally:
+            eng._stopping = True
+            eng._loop.remove_reader(served.core.proc.sentinel)
+            eng._reader.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        served.core.kill()
