@@ -12,8 +12,8 @@ runs on the event loop:
   text deltas in each request's `RequestStream` mailbox (merged while the reader is
   slow, so a slow client sees several tokens at once, never a backlog); a stop string
   matched here aborts the request in the core at once;
-- the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption
-  and finish events, so a scrape during a long prefill sees the real queue;
+- the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption,
+  resumption and finish events, so a scrape during a long prefill sees the real queue;
 - admission control (429 past `--max-num-queued-requests` requests accepted and never
   scheduled; preempted ones do not count), queue timeouts (the core
   aborts a request that is still waiting: 503; timed per HTTP request, see
@@ -444,12 +444,8 @@ class AsyncEngine:
                 stream.group.started = True
                 stream.group.disarm()
                 self._safe(listener.on_scheduled, stream, now)
-        for rid in msg.preempted:
-            stream = streams.get(rid)
-            if stream is not None and stream.scheduled:
-                stream.scheduled = False
-                self.num_running -= 1
-                self.num_waiting += 1
+        if msg.preempted or msg.resumed:
+            self._move_preempted(msg.preempted, msg.resumed)
         results, stopped = self.processor.process(msg.outputs)
         if stopped:
             self.core.send(CoreAbort(stopped))
@@ -513,6 +509,31 @@ class AsyncEngine:
                 log.exception("failed to process a message from the engine core")
 
     # -- bookkeeping ---------------------------------------------------------------------
+    def _move_preempted(self, preempted: list[str], resumed: list[str]) -> None:
+        """Move the gauges for preemptions and resumptions. A message may merge several
+        steps, which loses their order; but a request's preemptions and resumptions
+        alternate, so their difference says where it ends: one more preemption,
+        waiting; one more resumption, running; as many, where it was. (Before,
+        resumptions were not reported: a preempted request counted as waiting until it
+        finished, and vllm:num_requests_running read 0 while requests ran.)"""
+        net: dict[str, int] = {}
+        for rid in preempted:
+            net[rid] = net.get(rid, 0) - 1
+        for rid in resumed:
+            net[rid] = net.get(rid, 0) + 1
+        streams = self._streams
+        for rid, d in net.items():
+            stream = streams.get(rid)
+            if stream is None or d == 0 or stream.scheduled_time is None:
+                continue
+            if d < 0 and stream.scheduled:
+                stream.scheduled = False
+                self.num_running -= 1
+                self.num_waiting += 1
+            elif d > 0 and not stream.scheduled:
+                stream.scheduled = True
+                self.num_running += 1
+                self.num_waiting -= 1
     def _settle_counts(self, stream: RequestStream) -> None:
         if stream.scheduled:
             self.num_running -= 1

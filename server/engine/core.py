@@ -301,6 +301,8 @@ class EngineCore:
             self._release_slot(r)
             out.preempted.append(r.request_id)
         out.scheduled.extend(r.request_id for r in sched.first_scheduled)
+        if sched.resumed:
+            out.resumed.extend(r.request_id for r in sched.resumed)
         return sched
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutputs) -> _Launched | None:

@@ -44,6 +44,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     first_scheduled: list[Request] = field(default_factory=list)
+    resumed: list[Request] = field(default_factory=list)   # back after a preemption
     num_decodes: int = 0          # the first `num_decodes` rows are one-token decodes
 
     @property
@@ -243,6 +244,8 @@ class Scheduler:
             if not req.ever_scheduled:
                 req.ever_scheduled = True
                 out.first_scheduled.append(req)
+            else:
+                out.resumed.append(req)
             req.status = Status.RUNNING
             self.running[req.request_id] = req
             sr = ScheduledRequest(req, num_new, num_new == left)

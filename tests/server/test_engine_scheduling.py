@@ -4,10 +4,14 @@ Assertions are on outputs, counts and step order, never on time."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pagefleet.server import LLM, SamplingParams
 from pagefleet.server.config import EngineConfig
+from pagefleet.server.engine.async_engine import AsyncEngine
+from pagefleet.server.engine.core_process import ServedEngine
 from pagefleet.server.engine.engine import LLMEngine
 from tests.server.helpers import random_prompts
 
@@ -124,52 +128,73 @@ def test_a_short_prompt_does_not_wait_out_a_running_long_prefill(model, solo):
     eng.kv.check_whole()
 
 
-def test_preempted_requests_do_not_fill_the_admission_queue(model):
-    """--max-num-queued-requests bounds requests accepted and never scheduled
-    (docs/server.md). Preempted requests were admitted and resume by themselves; they
-    counted too, so new requests got 429s under KV pressure with nothing new queued."""
-    import asyncio
+async def until(cond, what: str, limit: float = 120.0) -> None:
+    """Poll a condition (a bound against hangs, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not cond():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
 
-    from pagefleet.server.engine.async_engine import AsyncEngine
-    from pagefleet.server.engine.core_process import ServedEngine
 
+def run_async(model, jobs, **engine_kw) -> None:
+    """`jobs(AsyncEngine)` against a real core process whose 10-block pool 6 requests
+    of 110 tokens outgrow: they preempt each other."""
     served = ServedEngine(EngineConfig(model=str(model), block_size=16, max_model_len=128,
                                        num_kv_blocks=10, max_num_seqs=16), model)
 
-    async def until(cond, what: str, limit: float = 120.0) -> None:
-        """Poll a condition (a bound against hangs, not a timing assertion)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + limit
-        while not cond():
-            assert loop.time() < end, f"timed out waiting for {what}"
-            await asyncio.sleep(0.005)
-
     async def main():
-        eng = AsyncEngine(served.core, served.ready, served.tokenizer, max_num_queued_requests=3)
+        eng = AsyncEngine(served.core, served.ready, served.tokenizer, **engine_kw)
         await eng.start()
         try:
-            # 6 one-block prompts start in the first steps (10 blocks, 16 rows), then
-            # outgrow the pool and preempt each other: none of them is queued anew.
-            streams = [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3)]
-            await until(lambda: all(s.scheduled_time for s in streams), "r0-r2 scheduled")
-            streams += [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3, 6)]
-            await until(lambda: all(s.scheduled_time for s in streams), "r3-r5 scheduled")
-            await until(lambda: eng.num_waiting >= 3, "preemptions")
-            assert eng.num_unscheduled == 0
-            eng.check_admission(3)          # raised QueueFullError: "5 requests waiting"
-            probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(3)]
-            with pytest.raises(Exception, match="queue is full"):
-                eng.check_admission(1)      # the limit still holds for new requests
-            done = streams + probes
-            await until(lambda: all(s.finished for s in done), "all finished", 300)
-            assert all(s.error is None for s in done)
-            assert eng.num_unscheduled == eng.num_waiting == eng.num_running == 0
+            await jobs(eng)
         finally:
             eng._stopping = True
             eng._loop.remove_reader(served.core.proc.sentinel)
             eng._reader.cancel()
-
     try:
         asyncio.run(main())
     finally:
         served.core.kill()
+
+
+def test_preempted_requests_do_not_fill_the_admission_queue(model):
+    """--max-num-queued-requests bounds requests accepted and never scheduled
+    (docs/server.md). Preempted requests were admitted and resume by themselves; they
+    counted too, so new requests got 429s under KV pressure with nothing new queued."""
+    async def main(eng):
+        # 6 one-block prompts start in the first steps (10 blocks, 16 rows), then
+        # outgrow the pool and preempt each other: none of them is queued anew.
+        streams = [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3)]
+        await until(lambda: all(s.scheduled_time for s in streams), "r0-r2 scheduled")
+        streams += [eng.add(f"r{i}", [5 + i] * 10, greedy(100)) for i in range(3, 6)]
+        await until(lambda: all(s.scheduled_time for s in streams), "r3-r5 scheduled")
+        await until(lambda: eng.num_waiting >= 3, "preemptions")
+        assert eng.num_unscheduled == 0
+        eng.check_admission(3)          # raised QueueFullError: "5 requests waiting"
+        probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(3)]
+        with pytest.raises(Exception, match="queue is full"):
+            eng.check_admission(1)      # the limit still holds for new requests
+        done = streams + probes
+        await until(lambda: all(s.finished for s in done), "all finished", 300)
+        assert all(s.error is None for s in done)
+        assert eng.num_unscheduled == eng.num_waiting == eng.num_running == 0
+    run_async(model, main, max_num_queued_requests=3)
+
+
+def test_gauges_follow_preempted_requests_back_to_running(model):
+    """The waiting/running gauges (vllm:num_requests_waiting/running) equal the core's
+    counts whenever the API side looks. The core did not report a preempted request
+    scheduled again, so it counted as waiting until it finished: 0 running, 3 waiting
+    while the core ran 3."""
+    async def main(eng):
+        streams = [eng.add(f"g{i}", [5 + i] * 10, greedy(100)) for i in range(6)]
+        await until(lambda: all(s.scheduled_time for s in streams), "all scheduled")
+        seen = []
+        while not all(s.finished for s in streams):
+            st = eng.stats
+            seen.append(((eng.num_running, eng.num_waiting), (st.num_running, st.num_waiting)))
+            await asyncio.sleep(0.002)
+        assert any(waiting for _, (_, waiting) in seen)      # preempted ones were seen
+        assert [api for api, _ in seen] == [core for _, core in seen]
+    run_async(model, main)

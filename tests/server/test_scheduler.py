@@ -238,7 +238,8 @@ def _running_doc(n: int = 400, **kw) -> Scheduler:
     """A long document admitted and one chunk into its prefill (so it is RUNNING)."""
     s = make(num_blocks=256, tokens=64, short=16, overtake_s=2.0, **kw)
     s.add(req("doc", n, t=0.0))
-    assert [(x.request.request_id, x.num_new_tokens) for x in fake_step(s).scheduled] == [("doc", 64)]
+    out = fake_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("doc", 64)]
     return s
 
 
