@@ -491,7 +491,7 @@ class OpenAIServing:
         its top-N as {id: {logprob, rank, decoded_token}}; the token's rank is its rank in
         the whole vocabulary (the engine's), which may lie past the top-N."""
         out = []
-        for k, d in enumerate(plp or []):
+        for k, d in enumerate((plp or [])[:len(ids)]):   # one per prompt token, never past
             if d is None:
                 out.append(None)
                 continue

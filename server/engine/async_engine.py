@@ -12,9 +12,10 @@ runs on the event loop:
   text deltas in each request's `RequestStream` mailbox (merged while the reader is
   slow, so a slow client sees several tokens at once, never a backlog); a stop string
   matched here aborts the request in the core at once;
-- the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption
-  and finish events, so a scrape during a long prefill sees the real queue;
-- admission control (429 past `--max-num-queued-requests`), queue timeouts (the core
+- the gauges (`num_waiting`, `num_running`) move on admission, scheduling, preemption,
+  resumption and finish events, so a scrape during a long prefill sees the real queue;
+- admission control (429 past `--max-num-queued-requests` requests accepted and never
+  scheduled; preempted ones do not count), queue timeouts (the core
   aborts a request that is still waiting: 503; timed per HTTP request, see
   `RequestGroup`), draining for shutdown, and engine
   death: the core process's sentinel fires the moment it exits, every open request
@@ -207,6 +208,10 @@ class AsyncEngine:
         self.stats: CoreStats | None = None
         self.num_waiting = 0
         self.num_running = 0
+        # Accepted and never scheduled: what --max-num-queued-requests bounds. Unlike
+        # the waiting gauge it leaves out preempted requests, which were admitted and
+        # will resume; counting them made 429s follow the KV pressure of running work.
+        self.num_unscheduled = 0
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task | None = None
@@ -253,7 +258,8 @@ class AsyncEngine:
 
     @property
     def num_queued(self) -> int:
-        return self.num_waiting
+        """Requests the admission limit counts: accepted, never scheduled."""
+        return self.num_unscheduled
 
     @property
     def num_open(self) -> int:
@@ -286,9 +292,9 @@ class AsyncEngine:
             raise RequestRejected(
                 f"the request holds {n} prompts, more than the server's whole queue "
                 f"(--max-num-queued-requests {self.max_num_queued_requests}); split it", "prompt")
-        if self.num_waiting + n > self.max_num_queued_requests:
+        if self.num_unscheduled + n > self.max_num_queued_requests:
             raise QueueFullError(
-                f"the server's queue is full ({self.num_waiting} requests waiting, "
+                f"the server's queue is full ({self.num_unscheduled} requests waiting, "
                 f"--max-num-queued-requests {self.max_num_queued_requests}); retry later")
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
@@ -314,6 +320,7 @@ class AsyncEngine:
         self.processor.add(request_id, prompt, cr.prompt_token_ids, params)
         self._streams[request_id] = stream
         self.num_waiting += 1
+        self.num_unscheduled += 1
         group.request_ids.append(request_id)
         group.open += 1
         if self.queue_timeout and group.timer is None and not group.started:
@@ -432,16 +439,13 @@ class AsyncEngine:
                 stream.scheduled = True
                 stream.scheduled_time = now
                 self.num_waiting -= 1
+                self.num_unscheduled -= 1
                 self.num_running += 1
                 stream.group.started = True
                 stream.group.disarm()
                 self._safe(listener.on_scheduled, stream, now)
-        for rid in msg.preempted:
-            stream = streams.get(rid)
-            if stream is not None and stream.scheduled:
-                stream.scheduled = False
-                self.num_running -= 1
-                self.num_waiting += 1
+        if msg.preempted or msg.resumed:
+            self._move_preempted(msg.preempted, msg.resumed)
         results, stopped = self.processor.process(msg.outputs)
         if stopped:
             self.core.send(CoreAbort(stopped))
@@ -505,11 +509,38 @@ class AsyncEngine:
                 log.exception("failed to process a message from the engine core")
 
     # -- bookkeeping ---------------------------------------------------------------------
+    def _move_preempted(self, preempted: list[str], resumed: list[str]) -> None:
+        """Move the gauges for preemptions and resumptions. A message may merge several
+        steps, which loses their order; but a request's preemptions and resumptions
+        alternate, so their difference says where it ends: one more preemption,
+        waiting; one more resumption, running; as many, where it was. (Before,
+        resumptions were not reported: a preempted request counted as waiting until it
+        finished, and vllm:num_requests_running read 0 while requests ran.)"""
+        net: dict[str, int] = {}
+        for rid in preempted:
+            net[rid] = net.get(rid, 0) - 1
+        for rid in resumed:
+            net[rid] = net.get(rid, 0) + 1
+        streams = self._streams
+        for rid, d in net.items():
+            stream = streams.get(rid)
+            if stream is None or d == 0 or stream.scheduled_time is None:
+                continue
+            if d < 0 and stream.scheduled:
+                stream.scheduled = False
+                self.num_running -= 1
+                self.num_waiting += 1
+            elif d > 0 and not stream.scheduled:
+                stream.scheduled = True
+                self.num_running += 1
+                self.num_waiting -= 1
     def _settle_counts(self, stream: RequestStream) -> None:
         if stream.scheduled:
             self.num_running -= 1
         else:
             self.num_waiting -= 1
+        if stream.scheduled_time is None:
+            self.num_unscheduled -= 1
         stream.group.open -= 1
         if stream.group.open == 0:
             stream.group.disarm()

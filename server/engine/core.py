@@ -301,6 +301,8 @@ class EngineCore:
             self._release_slot(r)
             out.preempted.append(r.request_id)
         out.scheduled.extend(r.request_id for r in sched.first_scheduled)
+        if sched.resumed:
+            out.resumed.extend(r.request_id for r in sched.resumed)
         return sched
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutputs) -> _Launched | None:
@@ -331,6 +333,9 @@ class EngineCore:
             except StagingOverflow as e:
                 staging.grow(e)
         staging.commit()
+        if rstep.prompt_logprobs is not None:   # staged once: a recompute skips them
+            for r, first, n in rstep.prompt_logprobs.segments:
+                r.prompt_logprobs_next = first + n
         logits = self.runner.execute(rstep)
         n_tok = n_prompt = 0
         for s in sched.scheduled:

@@ -179,7 +179,8 @@ class CoreLoop:
     @staticmethod
     def _merge(a: CoreOutputs, b: CoreOutputs) -> CoreOutputs:
         return CoreOutputs(outputs=a.outputs + b.outputs, scheduled=a.scheduled + b.scheduled,
-                           preempted=a.preempted + b.preempted, failed=a.failed + b.failed,
+                           preempted=a.preempted + b.preempted, resumed=a.resumed + b.resumed,
+                           failed=a.failed + b.failed,
                            stats=b.stats, timestamp=b.timestamp)
 
     def _handle(self, msg) -> str | None:

@@ -10,7 +10,7 @@ ZeroMQ in the server, passed as objects in-process for the offline `LLM`):
   may be aborted: the queue timeout);
 - out: one `CoreOutputs` per engine step, holding only deltas: each request's new
   token ids (and logprobs where asked), finish reasons, which requests were scheduled
-  for the first time or preempted, which failed on their own (isolated errors), and
+  for the first time, preempted or scheduled again after a preemption, which failed on their own (isolated errors), and
   the engine's gauges and counters.
 
 Nothing here depends on torch, so the API process never needs it.
@@ -122,6 +122,7 @@ class CoreOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     outputs: list[CoreOutput] = []
     scheduled: list[str] = []   # scheduled for the first time (left the waiting queue)
     preempted: list[str] = []   # back in the waiting queue
+    resumed: list[str] = []     # scheduled again after a preemption
     failed: list[CoreFailure] = []
     stats: CoreStats | None = None
     timestamp: float = 0.0
@@ -129,7 +130,7 @@ class CoreOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     def __bool__(self) -> bool:
         """Worth sending: something happened to a request, or a step ran (its size
         feeds vllm:iteration_tokens_total)."""
-        return bool(self.outputs or self.scheduled or self.preempted or self.failed
+        return bool(self.outputs or self.scheduled or self.preempted or self.resumed or self.failed
                     or (self.stats is not None and self.stats.step_tokens))
 
 

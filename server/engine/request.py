@@ -30,7 +30,7 @@ class Request:
                  "arrival_time", "arrival_seq", "eos_token_ids", "status",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "num_pending",
                  "max_tokens", "finish_reason", "stop_reason", "slot", "ever_scheduled",
-                 "queue_gen", "prefix_leader", "prompt_logprobs_done", "generator",
+                 "queue_gen", "prefix_leader", "prompt_logprobs_next", "generator",
                  "sample_row", "structured")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: CoreSamplingParams,
@@ -57,7 +57,10 @@ class Request:
         self.ever_scheduled = False
         self.queue_gen = 0                  # invalidates stale waiting-queue entries
         self.prefix_leader = prefix_leader
-        self.prompt_logprobs_done = False
+        # The first prompt position whose logprob was not staged yet (position 0 has
+        # none). A prompt recomputed after preemption skips the positions before it,
+        # so each prompt logprob is reported once.
+        self.prompt_logprobs_next = 1
         self.generator = None               # torch.Generator of a seeded request
         self.sample_row = -1                # its row among the last launched step's samples
         self.structured = None              # StructuredState of a request with a grammar

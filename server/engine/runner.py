@@ -402,12 +402,15 @@ class ModelRunner:
             start, n = r.num_computed_tokens, s.num_new_tokens
             b = a + n
             if r.params.prompt_logprobs is not None:
-                # Logprob of prompt token p+1 at row p, for the prompt positions here.
+                # Logprob of prompt token p at row p-1, for the prompt positions here
+                # not reported before (a recompute after preemption repeats a prompt;
+                # the core moves `prompt_logprobs_next` once the step is staged).
+                lo = max(start + 1, r.prompt_logprobs_next)
                 last = min(start + n, r.num_prompt_tokens - 1)
-                if last > start:
-                    pl_rows.extend(range(a, a + last - start))
-                    pl_targets.extend(r.all_token_ids[start + 1:last + 1])
-                    pl_segments.append((r, start + 1, last - start))
+                if last >= lo:
+                    pl_rows.extend(range(a + lo - 1 - start, a + last - start))
+                    pl_targets.extend(r.all_token_ids[lo:last + 1])
+                    pl_segments.append((r, lo, last + 1 - lo))
                     pl_top = max(pl_top, r.params.prompt_logprobs)
             ids[a:b] = r.all_token_ids[start:start + n]
             p = np.arange(start, start + n)

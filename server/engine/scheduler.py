@@ -3,7 +3,9 @@
 Each step: running requests first (decodes, then continuing prefill chunks), then
 waiting requests in policy order (short prompts may go ahead of long ones queued just
 before them, see request_queue.py) while both budgets and the KV pool allow. A prompt
-longer than the remaining token budget is chunked when chunked prefill is on. When a
+longer than the remaining token budget is chunked when chunked prefill is on. While a
+short prompt heads the queue, the continuing chunks leave it room (up to half the
+budget), so it does not wait out a long prefill that started before it. When a
 running request needs a block and none is free, the request the policy ranks last is
 preempted: its blocks are freed and it goes back to the waiting queue to be
 recomputed later (prefix caching usually gives most of its blocks back).
@@ -42,6 +44,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     first_scheduled: list[Request] = field(default_factory=list)
+    resumed: list[Request] = field(default_factory=list)   # back after a preemption
     num_decodes: int = 0          # the first `num_decodes` rows are one-token decodes
 
     @property
@@ -108,9 +111,40 @@ class Scheduler:
         return min(num_new, budget)
 
     def _leader_prefilling(self, req: Request) -> bool:
-        """An `n > 1` follower waits while its leader's prompt is not in the cache."""
+        """An `n > 1` follower waits while its leader's prompt is being computed, so the
+        prompt is computed once and shared through the prefix cache. Only while the
+        leader is RUNNING: a waiting leader (preempted, or queued in the other heap of
+        the short/long queue, since its recompute counts its output tokens too) may sit
+        behind the follower, which blocks the queue as its head, so waiting for it
+        would never end. Then the follower goes without sharing; the leader gets the
+        follower's prompt blocks from the cache instead."""
         leader = self.requests.get(req.prefix_leader) if req.prefix_leader else None
-        return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
+        return (leader is not None and leader.status is Status.RUNNING
+                and leader.num_computed_tokens < leader.num_prompt_tokens)
+
+    def _short_reserve(self, budget: int) -> tuple[int, Request | None]:
+        """(tokens, head): what the running prefill chunks leave over this step for a
+        short prompt at the head of the waiting queue: its tokens to compute, at most
+        half the budget left after the decodes. Without it a prompt chunked over many
+        steps took the whole budget each step, and a question that arrived once a long
+        document was admitted waited out the document's whole prefill: the short heap
+        only helped while both were queued. The running chunks keep at least half the
+        budget, so a long prefill still progresses every step however many short
+        prompts come. Nothing is set aside for a long head (plain policy order), a head
+        that cannot be admitted this step (no row, its tokens not known, its leader
+        prefilling, too few free blocks), or with chunked prefill off. O(log n): a peek
+        at the queue's head."""
+        if (not self.enable_chunked_prefill or not self.waiting
+                or len(self.running) >= self.max_num_seqs):
+            return 0, None
+        head = self.waiting.peek()
+        need = head.num_tokens - head.num_computed_tokens
+        if need > self.waiting.short_tokens or head.num_pending or self._leader_prefilling(head):
+            return 0, None
+        reserve = min(need, budget // 2)
+        if self.kv.blocks_needed(reserve) > self.kv.num_free_blocks:
+            return 0, None   # the pool cannot take it now: the budget would go unused
+        return reserve, head
 
     def room_for_arrivals(self) -> bool:
         """Whether a request arriving now would join the next step: nothing waits ahead
@@ -152,11 +186,17 @@ class Scheduler:
             elif left > 1:
                 chunks.append(req)
         rest: list[ScheduledRequest] = []
+        reserve, head = self._short_reserve(budget) if chunks else (0, None)
         for req in needy + chunks if needy else chunks:
             if req.status is not Status.RUNNING:
                 continue   # preempted earlier in this step
             left = req.num_tokens - req.num_computed_tokens
-            num_new = left if left == 1 else self._chunk(left, budget)
+            if left == 1:
+                num_new = 1
+            elif reserve and (self.policy != "priority" or head.priority <= req.priority):
+                num_new = self._chunk(left, budget - reserve)   # room for the short head
+            else:
+                num_new = self._chunk(left, budget)
             if num_new <= 0 or num_new > budget:
                 continue
             while not kv.allocate_slots(req, num_new):
@@ -185,8 +225,10 @@ class Scheduler:
             if req.num_pending or self._leader_prefilling(req):
                 break   # its tokens are not all known yet: next step
             hits, num_hit_tokens = ([], 0)
-            if req.num_computed_tokens == 0 and req.params.prompt_logprobs is None:
-                # (prompt logprobs need every prompt position computed: no cache hits)
+            if req.num_computed_tokens == 0 and (req.params.prompt_logprobs is None or
+                                                 req.prompt_logprobs_next >= req.num_prompt_tokens):
+                # (prompt logprobs need every prompt position computed: no cache hits
+                # until all were reported, e.g. before a recompute after preemption)
                 hits, num_hit_tokens = kv.get_computed_blocks(req)
             left = req.num_tokens - num_hit_tokens
             if left > budget and not self.enable_chunked_prefill:
@@ -202,6 +244,8 @@ class Scheduler:
             if not req.ever_scheduled:
                 req.ever_scheduled = True
                 out.first_scheduled.append(req)
+            else:
+                out.resumed.append(req)
             req.status = Status.RUNNING
             self.running[req.request_id] = req
             sr = ScheduledRequest(req, num_new, num_new == left)

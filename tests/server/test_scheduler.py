@@ -231,3 +231,53 @@ def test_short_lane_keeps_priorities_and_lazy_removal():
     short_urgent = req("short-urgent", 4, priority=0, t=1.0)
     q.add(short_urgent)
     assert q.pop() is short_urgent and q.pop() is urgent_doc
+
+
+
+def _running_doc(n: int = 400, **kw) -> Scheduler:
+    """A long document admitted and one chunk into its prefill (so it is RUNNING)."""
+    s = make(num_blocks=256, tokens=64, short=16, overtake_s=2.0, **kw)
+    s.add(req("doc", n, t=0.0))
+    out = fake_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("doc", 64)]
+    return s
+
+
+def test_a_running_long_prefill_leaves_room_for_a_short_prompt_that_arrives():
+    """The mixed workload's pit once the document is admitted: its chunks took the whole
+    budget every step, so a question that arrived after it waited out the whole
+    prefill. Now the chunk leaves the question its tokens (the document still gets the
+    rest); with the short lane off the order is plain fcfs."""
+    s = _running_doc()
+    s.add(req("question", 10, t=0.5))
+    assert _first_step(s) == [("doc", 54), ("question", 10)]
+    strict = make(num_blocks=256, tokens=64, short=0)
+    strict.add(req("doc", 400, t=0.0))
+    fake_step(strict)
+    strict.add(req("question", 10, t=0.5))
+    assert _first_step(strict) == [("doc", 64)]
+
+
+def test_a_running_long_prefill_keeps_half_the_budget_however_many_short_prompts_come():
+    s = _running_doc(800, seqs=32)
+    doc = s.requests["doc"]
+    admitted, i = set(), 0
+    while doc.num_computed_tokens < doc.num_prompt_tokens:   # a new question every step
+        s.add(req(f"q{i}", 16, t=1.0 + i))
+        i += 1
+        before = doc.num_computed_tokens
+        out = fake_step(s)
+        got = doc.num_computed_tokens - before
+        assert got >= 32 or doc.num_computed_tokens == doc.num_prompt_tokens
+        admitted |= {x.request.request_id for x in out.scheduled} - {"doc"}
+    assert len(admitted) == i    # and each question was admitted the step it came
+
+
+def test_a_worse_priority_short_prompt_takes_no_room_from_a_running_prefill():
+    s = make(num_blocks=256, tokens=64, short=16, overtake_s=2.0, policy="priority")
+    s.add(req("doc", 400, priority=0, t=0.0))
+    fake_step(s)
+    s.add(req("low", 10, priority=5, t=0.5))
+    assert _first_step(s) == [("doc", 64)]
+    s.add(req("urgent", 10, priority=0, t=0.6))
+    assert _first_step(s) == [("doc", 54), ("urgent", 10)]
