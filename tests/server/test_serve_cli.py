@@ -89,8 +89,7 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
     cfg.write_text("max-num-seqs: 2\nmax_model_len: 256\nserved-model-name: my-demo\n"
                    "kv-cache-memory: 16777216\n")
     srv = SubprocessServer(["--config", str(cfg), "--disable-log-requests", "--trust-remote-code",
-                            "--api-key", "k1"], tmp_path / "demo.log",
-                           env={"PAGEFLEET_CACHE": str(tmp_path / "cache")}).wait_ready()
+                            "--api-key", "k1"], tmp_path / "demo.log").wait_ready()
     try:
         client = OpenAI(base_url=srv.url + "/v1", api_key="k1", max_retries=0)
         card = client.models.list().data[0]
