@@ -219,3 +219,32 @@ def test_port_0_binds_a_free_port_named_in_the_log(model_dir, tmp_path):
         assert httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
     finally:
         srv.close()
+
+
+def test_metrics_answer_while_the_engine_loads(tmp_path):
+    """Prometheus scrapes pods that are not ready yet (prometheus-operator keeps their
+    endpoints): a /metrics that waited for the whole load read as a server down, and
+    PagefleetServerDown fired on every model load. The load is stretched with the
+    engine's fault hook (each warm-up step stalls), not mocked."""
+    srv = SubprocessServer(["--max-num-seqs", "2", "--max-model-len", "256",
+                            "--kv-cache-memory", str(16 << 20)], tmp_path / "load.log",
+                           env={"PAGEFLEET_FAULTS": "stall:pagefleet-warmup-",
+                                "PAGEFLEET_FAULT_STALL_SECONDS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:\d+)", srv.output())):
+            assert srv.proc.poll() is None and time.monotonic() < deadline, srv.output()
+            time.sleep(0.05)
+        url = m.group(1)
+        loading = httpx.get(url + "/metrics", timeout=3)
+        health = httpx.get(url + "/health", timeout=3)
+        api = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=3)
+        assert "starting on" not in srv.output(), "the engine was up already: the load was not observed"
+        assert loading.status_code == 200 and "vllm:" not in loading.text, loading.text
+        assert health.status_code == 503, "not ready while loading"
+        assert api.status_code == 503 and api.headers["retry-after"] and "loading" in api.json()["error"]["message"]
+        srv.wait_ready()
+        ready = httpx.get(url + "/metrics", timeout=10)
+        assert ready.status_code == 200 and "vllm:num_requests_running" in ready.text
+    finally:
+        srv.close()
