@@ -10,13 +10,19 @@ ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 # ---------------------------------------------------------------- base
 FROM ${PYTHON_IMAGE} AS base
+# PYTHONSAFEPATH: `python -c`/`-m` (the build step below, multiprocessing's spawned
+# engine core) would otherwise put the working directory first on sys.path, and a
+# source tree there shadows the standard library (operator/ is `import operator`).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    PYTHONSAFEPATH=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # A fixed non-root uid/gid (the chart's securityContext runs as 10001).
 RUN groupadd --system --gid 10001 pagefleet \
  && useradd --system --uid 10001 --gid 10001 --home-dir /home/pagefleet --create-home pagefleet
+# The build context is copied here and installed (not editable); the images then run
+# from the user's home, with no source tree in the working directory.
 WORKDIR /opt/pagefleet/src
 
 # ---------------------------------------------------------------- operator
@@ -28,11 +34,12 @@ RUN pip install \
       "kubernetes==37.0.2" \
       "prometheus-client==0.26.0" \
       "aiohttp==3.14.5"
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY server/ server/
 COPY operator/ operator/
 RUN pip install --no-deps . \
  && pagefleet crd > /dev/null
+WORKDIR /home/pagefleet
 USER 10001:10001
 # kopf's liveness endpoint (the chart's livenessProbe).
 EXPOSE 8080
@@ -66,21 +73,21 @@ RUN pip install \
       "apache-tvm-ffi==0.1.15.post2" \
       "jsonschema-rs==0.60.3" \
       "pyyaml==6.0.4"
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY server/ server/
 COPY operator/ operator/
 # The built-in demo model (a tiny trained Qwen3, CPU-friendly) is baked in, so
 # `pagefleet serve` without a MODEL starts offline, and e2e ModelDeployments can say
 # model: /opt/pagefleet/models/demo.
-ENV PAGEFLEET_CACHE=/opt/pagefleet/cache \
-    HF_HOME=/models/hf-cache
+ENV HF_HOME=/models/hf-cache
 RUN pip install --no-deps . \
  && mkdir -p /opt/pagefleet/models /models/hf-cache \
- && python -c "import os; from pagefleet.server.testing import demo_model_path; os.symlink(demo_model_path(), '/opt/pagefleet/models/demo')" \
+ && python -P -c "import os; from pagefleet.server.testing import demo_model_path; os.symlink(demo_model_path(), '/opt/pagefleet/models/demo')" \
  && chown -R 10001:10001 /models/hf-cache
 # Downloaded weights live here; mount a PersistentVolumeClaim (spec.modelCache) so
 # restarts and new replicas skip the download.
 VOLUME ["/models/hf-cache"]
+WORKDIR /home/pagefleet
 USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["pagefleet", "serve"]

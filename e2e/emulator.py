@@ -247,6 +247,7 @@ class ApiServer(kmock.KubernetesEmulator):
     proxy_session: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
     proxy_rr: Any = attrs.field(factory=itertools.count, init=False)
     namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    namespace_watchers: list[asyncio.Queue[dict[str, Any]]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -416,8 +417,11 @@ class ApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                               "code": 404, "reason": "NotFound",
                                               "message": f'namespaces "{name}" not found'}, status=404)
+        if raw.method == "GET" and name is None and raw.query.get("watch") in ("true", "1"):
+            return await self._watch_namespaces(raw)
         if raw.method == "GET" and name is None:
-            return aiohttp.web.json_response({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
+            return aiohttp.web.json_response({"kind": "NamespaceList", "apiVersion": "v1",
+                                              "metadata": {"resourceVersion": str(next(self.rv))},
                                               "items": list(self.namespaces.values())})
         if raw.method == "POST":
             body = await raw.json()
@@ -425,14 +429,45 @@ class ApiServer(kmock.KubernetesEmulator):
                                                    resourceVersion=str(next(self.rv)))
             body["status"] = {"phase": "Active"}
             self.namespaces[body["metadata"]["name"]] = body
+            self._namespace_event("ADDED", body)
             return aiohttp.web.json_response(body, status=201)
         if name not in self.namespaces:
             return not_found()
         if raw.method == "PATCH":
             self.namespaces[name] = dict(dicts.patch_dict(self.namespaces[name], await raw.json()))
+            self.namespaces[name]["metadata"]["resourceVersion"] = str(next(self.rv))
+            self._namespace_event("MODIFIED", self.namespaces[name])
         elif raw.method == "DELETE":
-            return aiohttp.web.json_response(self.namespaces.pop(name))
+            gone = self.namespaces.pop(name)
+            self._namespace_event("DELETED", gone)
+            return aiohttp.web.json_response(gone)
         return aiohttp.web.json_response(self.namespaces[name])
+
+    def _namespace_event(self, type_: str, obj: dict[str, Any]) -> None:
+        for queue in self.namespace_watchers:
+            queue.put_nowait({"type": type_, "object": copy.deepcopy(obj)})
+
+    async def _watch_namespaces(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """A watch of Namespaces (kopf's, for namespace patterns): the changes after it
+        starts, one JSON line each, until timeoutSeconds or the client goes away."""
+        resp = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await resp.prepare(raw)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.namespace_watchers.append(queue)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(raw.query.get("timeoutSeconds") or 60)
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    event = await asyncio.wait_for(queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                await resp.write(json.dumps(event).encode() + b"\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            pass
+        finally:
+            self.namespace_watchers.remove(queue)
+        return resp
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         auth = (request.headers.get("Authorization") or "").removeprefix("Bearer ").strip()

@@ -118,10 +118,10 @@ def run_operator(argv: list[str]) -> int:
         # creates the peering object, then makes peering mandatory and registers.
         memo["pf_peering"] = {"name": args.peering, "identity": me, "priority": args.priority,
                               "lifetime": args.peering_lifetime,
-                              "namespaces": [ns for ns in namespaces if "*" not in ns]}
+                              "namespaces": namespaces}
     # Exact namespace names need no cluster-wide listing of namespaces or CRDs, so a
     # namespace-scoped RBAC role is enough (kopf would otherwise retry 403s for a minute).
-    memo["pf_no_scanning"] = bool(namespaces) and not any(set("*?[") & set(ns) for ns in namespaces)
+    memo["pf_no_scanning"] = bool(namespaces) and not handlers.namespace_patterns(namespaces)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,

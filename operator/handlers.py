@@ -98,34 +98,84 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     if peering and not settings.peering.standalone:
         settings.peering.name = peering["name"]
         settings.peering.lifetime = peering.get("lifetime", settings.peering.lifetime)
-        if await ensure_peering(memo["kube"], peering, logger):
-            await join_peering(memo["kube"], peering, settings, logger)
+        kube = memo["kube"]
+        targets = await peering_targets(kube, peering, logger)
+        if await ensure_peering(kube, peering, logger, targets):
+            await join_peering(kube, peering, settings, logger, targets)
+            if namespace_patterns(peering["namespaces"]):
+                memo["pf_peering_follower"] = asyncio.create_task(
+                    follow_peering_namespaces(kube, peering, settings, logger, set(targets)),
+                    name="pagefleet peering objects of new namespaces")
 
 
-async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logging.Logger) -> bool:
+# kopf's namespace patterns: globs, negations ('!team-x'), comma-separated lists.
+PATTERN_CHARS = frozenset("*?[!,")
+# How often the operator looks for new namespaces that its patterns match.
+PEERING_SCAN_S = 5.0
+
+
+def namespace_patterns(namespaces: list[str]) -> list[str]:
+    return [ns for ns in namespaces if PATTERN_CHARS & set(ns)]
+
+
+def _matches(namespace: str, pattern: str) -> bool:
+    try:  # kopf's own matching, so both agree on which namespaces are served
+        from kopf._cogs.structs.references import match_namespace
+    except ImportError:  # pragma: no cover - kopf moved it
+        import fnmatch
+
+        return fnmatch.fnmatchcase(namespace, pattern)
+    return bool(match_namespace(namespace, pattern))
+
+
+async def peering_targets(kube: KubeClient, peering: dict[str, Any],
+                          logger: logging.Logger) -> list[tuple[str, str | None]]:
+    """The peering objects kopf watches: the ClusterKopfPeering when the operator
+    serves the whole cluster, otherwise a KopfPeering in every namespace it serves, the
+    ones its patterns match included (kopf peers per served namespace, and with
+    mandatory peering it stays paused, all of it, until the object of each one exists)."""
+    namespaces = peering["namespaces"]
+    if not namespaces:
+        return [("clusterkopfpeerings", None)]
+    served = [ns for ns in namespaces if ns not in namespace_patterns(namespaces)]
+    patterns = namespace_patterns(namespaces)
+    if patterns:
+        try:
+            existing = await kube.list(path_for("v1", "namespaces", None))
+        except (KubeError, aiohttp.ClientError, OSError) as e:
+            logger.warning(f"Cannot list namespaces for the peering objects of {patterns} ({e}).")
+            existing = []
+        for obj in existing:
+            name = obj["metadata"]["name"]
+            if name not in served and any(_matches(name, p) for p in patterns):
+                served.append(name)
+    return [("kopfpeerings", ns) for ns in served]
+
+
+async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logging.Logger,
+                         targets: list[tuple[str, str | None]]) -> bool:
     """kopf only peers through an existing peering object; create it if missing so a
     second operator replica pauses instead of double-acting. False when the peering
     CRDs are missing (the operator then runs alone, with a warning)."""
     name = peering["name"]
-    for plural, ns in _peering_objects(peering):
+    for plural, ns in targets:
         path = path_for("kopf.dev/v1", plural, ns, name)
         try:
             if await kube.get(path) is None:
                 kind = "ClusterKopfPeering" if ns is None else "KopfPeering"
                 meta = {"name": name, **({"namespace": ns} if ns else {})}
-                await kube.create(path.rsplit("/", 1)[0], {"apiVersion": "kopf.dev/v1", "kind": kind,
-                                                           "metadata": meta})
-                logger.info(f"Created {kind} {name!r}.")
+                try:
+                    await kube.create(path.rsplit("/", 1)[0], {"apiVersion": "kopf.dev/v1", "kind": kind,
+                                                               "metadata": meta})
+                    logger.info(f"Created {kind} {name!r}{f' in {ns!r}' if ns else ''}.")
+                except KubeError as e:
+                    if e.status != 409:  # another replica created it first
+                        raise
         except (KubeError, aiohttp.ClientError, OSError) as e:
             logger.warning(f"Cannot ensure the peering object {name!r} ({e}); install the kopf "
                            "peering CRDs (`pagefleet crd --peering`) for more than one replica.")
             return False
     return True
-
-
-def _peering_objects(peering: dict[str, Any]) -> list[tuple[str, str | None]]:
-    return ([("clusterkopfpeerings", None)] if not peering["namespaces"]
-            else [("kopfpeerings", ns) for ns in peering["namespaces"]])
 
 
 def auto_priority() -> int:
@@ -138,31 +188,59 @@ def auto_priority() -> int:
 
 
 async def join_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
-                       logger: logging.Logger) -> None:
+                       logger: logging.Logger, targets: list[tuple[str, str | None]]) -> None:
     """Make peering mandatory (start paused until the peers are seen, so a newcomer
     never acts before it knows about the replica already acting) and write this
     replica's presence before any watch starts."""
     settings.peering.mandatory = True
     if peering.get("priority") is None:
         settings.peering.priority = auto_priority()
+    await register(kube, peering, settings, logger, targets)
+    logger.info(f"Peering as {peering.get('identity')!r} with priority {settings.peering.priority}.")
+
+
+async def register(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
+                   logger: logging.Logger, targets: list[tuple[str, str | None]]) -> None:
+    """This replica's presence in the peering objects (kopf's keep-alive renews it)."""
     identity = peering.get("identity")
     if not identity:
         return
     record = {"priority": settings.peering.priority, "lifetime": settings.peering.lifetime,
               "lastseen": datetime.datetime.now(datetime.UTC).isoformat()}
-    for plural, ns in _peering_objects(peering):
+    for plural, ns in targets:
         try:
             await kube.patch(path_for("kopf.dev/v1", plural, ns, peering["name"]),
                              {"status": {identity: record}})
         except (KubeError, aiohttp.ClientError, OSError) as e:
             logger.warning(f"Cannot register in the peering object ({e}); kopf will retry.")
-    logger.info(f"Peering as {identity!r} with priority {settings.peering.priority}.")
+
+
+async def follow_peering_namespaces(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
+                                    logger: logging.Logger, done: set[tuple[str, str | None]]) -> None:
+    """With namespace patterns, namespaces that appear later need their KopfPeering
+    too: kopf starts serving (and, peering being mandatory, pauses the whole operator
+    for) a new matching namespace until the object exists there. Not a kopf handler:
+    those pause with the operator, and this is what lifts the pause."""
+    while True:
+        await asyncio.sleep(PEERING_SCAN_S)
+        try:
+            targets = [t for t in await peering_targets(kube, peering, logger) if t not in done]
+            if targets and await ensure_peering(kube, peering, logger, targets):
+                await register(kube, peering, settings, logger, targets)
+                done.update(targets)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - keep following; the next round retries
+            logger.warning(f"Peering objects of new namespaces: {e}")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if "pf_exiting" in memo:
         memo["pf_exiting"].set()
+    follower = memo.get("pf_peering_follower")
+    if follower is not None:
+        follower.cancel()
     settings = memo.get("pf_settings")
     if settings is not None and settings.session is not None:
         await settings.session.close()

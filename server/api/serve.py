@@ -10,19 +10,24 @@ ends silently), then stops uvicorn and exits 0. A second Ctrl-C forces the exit.
 
 The port is bound before the engine starts (as vLLM does): loading a large model takes
 minutes, a port that is taken fails at once instead of after the load, and nothing can
-take it meanwhile. Until the engine is up, connections wait in the listen backlog (a
-probe times out, as it would be refused). `--port 0` takes a free port, which the
+take it meanwhile. Until the engine is up, `LoadingResponder` answers on that port:
+/metrics with 200 (Prometheus scrapes pods that are not ready yet, and a scrape that
+timed out for the whole load read as a server down), everything else, /health
+included, with 503 "the engine is loading". `--port 0` takes a free port, which the
 "listening on" line names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import select
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Mapping
 
 from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, ServerConfig
@@ -153,22 +158,86 @@ def listen_or_explain(command: str, host: str, port: int) -> socket.socket | Non
         return None
 
 
+LOADING_METRICS = (b"# pagefleet: the engine is loading; its metrics follow once it is up.\n")
+
+
+class LoadingResponder:
+    """Answers on the bound socket while the engine loads, in a thread (the load
+    blocks the main one): GET /metrics gets 200 with no samples, so the target is up
+    and PagefleetServerDown does not fire on every model load; anything else gets 503
+    with Retry-After. `stop()` hands the socket over to uvicorn, before it serves."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pagefleet-loading", daemon=True)
+
+    def start(self) -> LoadingResponder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self.sock], [], [], 0.1)
+                if not readable or self._stop.is_set():
+                    continue
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return   # the socket was closed (the start failed)
+            with conn:
+                try:
+                    self._answer(conn)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        conn.settimeout(2)
+        data = b""
+        while b"\r\n\r\n" not in data and len(data) < 16384:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        method, _, rest = data.partition(b"\r\n")[0].decode("latin-1").partition(" ")
+        path = rest.partition(" ")[0].partition("?")[0]
+        if method in ("GET", "HEAD") and path == "/metrics":
+            status, ctype, body, extra = "200 OK", "text/plain; version=0.0.4; charset=utf-8", LOADING_METRICS, ""
+        else:
+            status, ctype, extra = "503 Service Unavailable", "application/json", "Retry-After: 5\r\n"
+            body = json.dumps({"error": {"message": "the engine is loading; retry when /health answers 200",
+                                         "type": "ServiceUnavailable", "code": 503}}).encode()
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"{extra}Connection: close\r\n\r\n").encode()
+        conn.sendall(head + (b"" if method == "HEAD" else body))
+
+
 def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str]) -> int:
     setup_logging()
     sock = listen_or_explain("serve", server_cfg.host, server_cfg.port)
     if sock is None:
         return 1
     server_cfg.port = sock.getsockname()[1]
-    log.info("listening on %s; requests are answered once the engine is up",
+    log.info("listening on %s; /metrics answers now, requests once the engine is up",
              http_url(server_cfg.host, server_cfg.port))
+    loading = LoadingResponder(sock).start()
     try:
-        return _run_serve(engine_cfg, server_cfg, notices, sock)
+        return _run_serve(engine_cfg, server_cfg, notices, sock, loading)
     finally:
+        loading.stop()
         sock.close()
 
 
 def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str],
-               sock: socket.socket) -> int:
+               sock: socket.socket, loading: LoadingResponder | None = None) -> int:
     for notice in notices:
         log.warning(notice)
     from pagefleet.server.api.chat import load_chat_template
@@ -209,14 +278,14 @@ def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list
 
     try:
         return _serve(engine, engine_cfg, server_cfg, served, model_dir, api_key, chat_template,
-                      sock, key_source)
+                      sock, key_source, loading)
     finally:
         engine.core.kill()
 
 
 def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: str, model_dir,
            api_key: str | None, chat_template: str | None, sock: socket.socket,
-           key_source: str | None = None) -> int:
+           key_source: str | None = None, loading: LoadingResponder | None = None) -> int:
     import uvicorn
 
     from pagefleet.server.api.app import build_app
@@ -240,6 +309,8 @@ def _serve(engine, engine_cfg: EngineConfig, server_cfg: ServerConfig, served: s
     async_engine.on_dead = on_dead
     log.info("starting on %s (API key %s)", http_url(server_cfg.host, server_cfg.port),
              f"required, from {key_source}" if api_key else "not required")
+    if loading is not None:
+        loading.stop()   # uvicorn answers from here on
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - forced exit

@@ -40,6 +40,14 @@ VALUE_SETS: dict[str, dict[str, str]] = {
                            "gateway.replicas": "1", "rbac.inferencePools": "false"},
     "gateway-network-policy": {"gateway.enabled": "true", "networkPolicy.enabled": "true",
                                "networkPolicy.namespaces": "{models}", "gateway.namespace": "models"},
+    # Namespace patterns with peering (the default) and two replicas; with monitoring and
+    # network policies for the exact namespaces.
+    "namespace-patterns-ha": {"operator.watchNamespaces": "{team-*}", "operator.replicas": "2"},
+    "namespace-patterns-monitoring": {"operator.watchNamespaces": "{team-a,team-*}", **render.MONITORING_VALUES,
+                                      "networkPolicy.enabled": "true", "networkPolicy.namespaces": "{team-a,team-b}"},
+    # Every image pinned by digest (the gateway's follows serverImage's).
+    "digests": {"image.digest": "sha256:" + "a" * 64, "serverImage.digest": "sha256:" + "b" * 64,
+                "serverImage.tag": "0.1.0", "gateway.enabled": "true"},
 }
 ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
@@ -236,6 +244,12 @@ BAD_VALUES = [
     ({"gateway.port": "80"}, "port"),
     ({"gateway.apiKeySecrets": "{Not_A_Name}"}, "apiKeySecrets"),
     ({"gateway.bogus": "1"}, "bogus"),
+    # Durations Prometheus refuses (units out of order, repeated).
+    ({"monitoring.prometheusRule.ttftP99.for": "30s5m"}, "for"),
+    ({"monitoring.serviceMonitor.interval": "1s1s"}, "interval"),
+    ({"image.digest": "sha256:abc"}, "digest"),
+    ({"serverImage.digest": "md5:" + "a" * 64}, "digest"),
+    ({"networkPolicy.enabled": "true", "operator.watchNamespaces": "{team-a,team-*}"}, "needs networkPolicy.namespaces"),
 ]
 
 
@@ -259,6 +273,10 @@ def test_notes_tell_the_next_step(helm_bin: str, tmp_path: Path) -> None:
                           "--set", "gateway.enabled=true"], capture_output=True, text=True)
     notes = res.stdout.split("NOTES:", 1)[1]
     assert "port-forward svc/pf-pagefleet-gateway 8080:8080" in notes and "all namespaces" in notes
+    res = subprocess.run([helm_bin, "install", "pf", str(CHART), "--dry-run=client", "-n", "ml",
+                          *_set_args(VALUE_SETS["namespace-patterns-monitoring"])], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "ServiceMonitor selects pagefleet's server Services in any namespace" in res.stdout.split("NOTES:", 1)[1]
 
 
 # ------------------------------------------------------------------- monitoring
@@ -314,7 +332,10 @@ def test_alerts_are_the_ones_production_runs(helm_bin: str, tmp_path: Path) -> N
     queue = alerts["PagefleetQueueSaturated"]
     assert "vllm:num_requests_waiting" in queue["expr"] and queue["expr"].endswith("> 0") and queue["for"] == "10s"
     health = alerts["PagefleetHealthChecksFailing"]
-    assert 'result="failed"' in health["expr"] and "[1m]" in health["expr"] and health["expr"].rstrip().endswith("> 5")
+    assert 'result="failed"' in health["expr"] and "[1m]" in health["expr"]
+    # kubelet's probe series of any container named "server" (a common name): kept to
+    # the pods pagefleet's ServiceMonitor scrapes.
+    assert re.search(r'\) > 5\)\s+and on \(namespace, pod\) up\{job="pagefleet"\}$', health["expr"]), health["expr"]
     assert "up{" in alerts["PagefleetServerDown"]["expr"]
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
@@ -655,8 +676,59 @@ def test_network_policy_lets_the_gateway_reach_the_servers_and_the_operator_the_
     assert ingress["podSelector"]["matchLabels"].items() <= gw_labels.items()
     assert allows(ingress["ingress"][0], op_labels, 8080), "operator -> the gateway's /metrics"
     assert ingress["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 8080}]}, "clients (the default)"
+    # The clients' default follows gateway.port.
+    moved = _kinds(_render(helm_bin, {**VALUE_SETS["gateway-network-policy"], "gateway.port": "9090"},
+                           include_crds=False))["NetworkPolicy"]
+    moved_ingress = next(p["spec"] for p in moved if p["metadata"]["name"] == "pagefleet-gateway-ingress")
+    assert moved_ingress["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 9090}]}
     op_egress = policies[(render.NAMESPACE, "pagefleet-operator-egress")]
     assert any(allows(r, gw_labels, 8080) for r in op_egress["egress"])
     gw_egress = policies[(render.NAMESPACE, "pagefleet-gateway-egress")]
     assert gw_egress["podSelector"]["matchLabels"].items() <= gw_labels.items()
     assert any(allows(r, server_labels, resources.PORT) for r in gw_egress["egress"])
+
+
+# ------------------------------------------------------------- images, namespace patterns
+
+def test_images_pinned_by_digest(helm_bin: str) -> None:
+    """docs/deploy.md (CKV_K8S_43): the operator, server and gateway images by digest."""
+    from pagefleet.operator.cli import operator_parser
+
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    deps = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+            for d in _kinds(_render(helm_bin, VALUE_SETS["digests"], include_crds=False))["Deployment"]}
+    op, gw = deps["pagefleet-operator"], deps["pagefleet-gateway"]
+    assert op["image"] == f"ghcr.io/pagefleet/pagefleet-operator@{a}"
+    assert f"--server-image=ghcr.io/pagefleet/pagefleet:0.1.0@{b}" in op["args"]
+    assert gw["image"] == f"ghcr.io/pagefleet/pagefleet:0.1.0@{b}"
+    assert operator_parser().parse_args(op["args"]).server_image.endswith(b)
+    # A gateway image of its own does not inherit the server's digest.
+    own = _kinds(_render(helm_bin, {**VALUE_SETS["digests"], "gateway.image.repository": "reg/gw"},
+                         include_crds=False))["Deployment"]
+    gw_own = next(d for d in own if d["metadata"]["name"] == "pagefleet-gateway")
+    assert gw_own["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/gw:0.1.0"
+
+
+def test_namespace_patterns_stay_out_of_per_namespace_objects(helm_bin: str) -> None:
+    """A pattern in operator.watchNamespaces is no namespace: the ServiceMonitor then
+    selects any namespace (matchNames is exact), NetworkPolicies go to the explicit
+    networkPolicy.namespaces (required then: see BAD_VALUES), and the operator gets the
+    pattern and the cluster reads it needs (peering: KopfPeerings in any namespace)."""
+    objs = _render(helm_bin, VALUE_SETS["namespace-patterns-monitoring"], include_crds=False)
+    kinds = _kinds(objs)
+    for obj in objs:
+        assert "*" not in obj["metadata"].get("namespace", ""), (obj["kind"], obj["metadata"])
+    (sm,) = kinds["ServiceMonitor"]
+    assert sm["spec"]["namespaceSelector"] == {"any": True}
+    assert sorted(p["metadata"]["namespace"] for p in kinds["NetworkPolicy"]
+                  if p["metadata"]["name"].endswith("-scrape")) == ["team-a", "team-b"]
+    explicit = _kinds(_render(helm_bin, {**VALUE_SETS["namespace-patterns-monitoring"],
+                                         "monitoring.serviceMonitor.namespaces": "{team-a,team-b}"},
+                              include_crds=False))["ServiceMonitor"][0]
+    assert explicit["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    ha = _render(helm_bin, VALUE_SETS["namespace-patterns-ha"])
+    (dep,) = _kinds(ha)["Deployment"]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-*" in args and "--standalone" not in args and dep["spec"]["replicas"] == 2
+    assert _grants(_rules(ha, "ClusterRole")) >= _peering("kopfpeerings") | {("", "namespaces", "list"),
+                                                                             ("", "namespaces", "watch")}

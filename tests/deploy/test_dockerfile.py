@@ -131,7 +131,7 @@ def test_everything_copied_exists_in_the_context(stage: str) -> None:
     pkg_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     copied = {shlex.split(a)[0].rstrip("/") for a in copies}
     assert set(pkg_dirs.values()) <= copied
-    assert {"pyproject.toml", "README.md"} <= {w for a in copies for w in shlex.split(a)[:-1]}
+    assert {"pyproject.toml", "setup.py", "README.md"} <= {w for a in copies for w in shlex.split(a)[:-1]}
 
 
 def _pins(stage: str) -> dict[str, str]:

@@ -6,15 +6,17 @@ operator upgrade does not roll running fleets (finding 13)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import kmock
 import pytest
+import pytest_asyncio
 import yaml
 
 from pagefleet.operator import crd
-from tests.operator.harness import Cluster, load_example, operator_run
+from tests.operator.harness import Cluster, load_example, operator_run, register_resources
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LIFETIME_S = 5
@@ -161,3 +163,92 @@ async def test_an_operator_upgrade_does_not_roll_running_fleets(cluster: Cluster
         md = await cluster.wait_object(crd.KIND, ns, "qwen-short",
                                        lambda o: o["status"].get("serverImage") == "reg/pagefleet:2")
 
+
+
+# ------------------------------------------------------------ namespace patterns
+
+@pytest_asyncio.fixture(loop_scope="session", scope="function")
+async def ns_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    """The e2e API server: it keeps Namespaces and streams their watch, which kopf
+    needs for namespace patterns (the plain kmock emulator has no Namespaces)."""
+    from e2e.emulator import ApiServer
+
+    emulator = ApiServer()
+    async with emulator, kmock.Server(emulator):
+        register_resources(emulator)
+        config = tmp_path_factory.mktemp("kube") / "config"
+        c = Cluster(emulator, config)
+        kubeconfig(c, config, "test")
+        try:
+            yield c
+        finally:
+            await c.kube.close()
+
+
+async def _namespace(cluster: Cluster, name: str) -> None:
+    await cluster.kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": name}})
+
+
+async def _kopf_peers(cluster: Cluster, ns: str) -> set[str]:
+    obj = await cluster.kube.get(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/pagefleet") or {}
+    return {k.split("/")[0] for k in (obj.get("status") or {})}
+
+
+async def test_namespace_patterns_with_peering(ns_cluster: Cluster, tmp_path: Path) -> None:
+    """The chart's `watchNamespaces: [pat-a, pat-*]` with peering on (the default).
+    kopf peers in every namespace it serves, and with mandatory peering a served
+    namespace without its KopfPeering pauses the whole operator: the operator makes and
+    joins the object in every namespace the pattern matches, those created later too.
+    Two replicas: one acts, in the named namespace, a matched one and a new one."""
+    cluster = ns_cluster
+    register_peering(cluster)
+    for ns in ("pat-a", "pat-b", "other"):
+        await _namespace(cluster, ns)
+    flags = ("--namespace=pat-a", "--namespace=pat-*", "--peering-lifetime", str(LIFETIME_S))
+    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", "pat-op-a")
+    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", "pat-op-b")
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    async with operator_run(cluster, tmp_path / "a.log", *flags,
+                            env={"POD_NAME": "op-a", "KUBECONFIG": str(a_cfg)}):
+        for ns in ("pat-a", "pat-b"):
+            await cluster.wait_for(lambda ns=ns: _has(cluster, ns, "op-a"), f"op-a in the KopfPeering of {ns}")
+        assert await cluster.kube.get("/apis/kopf.dev/v1/namespaces/other/kopfpeerings/pagefleet") is None
+        assert await cluster.kube.get(PEERING) is None, "no ClusterKopfPeering: kopf peers per namespace"
+        async with operator_run(cluster, tmp_path / "b.log", *flags,
+                                env={"POD_NAME": "op-b", "KUBECONFIG": str(b_cfg)}) as b:
+            for ns in ("pat-a", "pat-b"):
+                await cluster.wait_for(lambda ns=ns: _has(cluster, ns, "op-b"), f"op-b in the KopfPeering of {ns}")
+            for ns in ("pat-a", "pat-b"):
+                await cluster.apply(doc, ns)
+                await cluster.wait_object("Deployment", ns, "qwen-short", timeout=30)
+            # A namespace the pattern matches, created while both run.
+            await _namespace(cluster, "pat-new")
+            await cluster.wait_for(lambda: _has(cluster, "pat-new", "op-a", "op-b"),
+                                   "both replicas in the KopfPeering of the new namespace")
+            await cluster.apply(doc, "pat-new")
+            await cluster.wait_object("Deployment", "pat-new", "qwen-short", timeout=30)
+            assert writes_by(cluster, "pat-op-a"), "op-a acts"
+            # (kopf logs pause and resume per namespace: op-b resumes the new namespace's
+            # toggle until it sees op-a there, but op-a's records elsewhere keep it paused.)
+            assert writes_by(cluster, "pat-op-b") == [], "op-b must not act while op-a is alive"
+            assert "Pausing operations in favour of" in b.log()
+
+
+async def test_a_namespace_pattern_alone_peers_per_namespace(ns_cluster: Cluster, tmp_path: Path) -> None:
+    """`watchNamespaces: [solo-*]`: no exact name left, yet kopf still peers per
+    namespace (not through a ClusterKopfPeering, which it does not watch then)."""
+    cluster = ns_cluster
+    register_peering(cluster)
+    await _namespace(cluster, "solo-b")
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    async with operator_run(cluster, tmp_path / "op.log", "--namespace=solo-*", "--peering-lifetime",
+                            str(LIFETIME_S), env={"POD_NAME": "op-solo"}) as op:
+        await cluster.apply(doc, "solo-b")
+        await cluster.wait_object("Deployment", "solo-b", "qwen-short", timeout=30)
+        assert "op-solo" in await _kopf_peers(cluster, "solo-b")
+        assert "ClusterKopfPeering" not in op.log()
+
+
+async def _has(cluster: Cluster, ns: str, *who: str) -> bool:
+    return set(who) <= await _kopf_peers(cluster, ns)

@@ -89,8 +89,7 @@ def test_demo_model_with_config_file_and_legacy_flags(tmp_path):
     cfg.write_text("max-num-seqs: 2\nmax_model_len: 256\nserved-model-name: my-demo\n"
                    "kv-cache-memory: 16777216\n")
     srv = SubprocessServer(["--config", str(cfg), "--disable-log-requests", "--trust-remote-code",
-                            "--api-key", "k1"], tmp_path / "demo.log",
-                           env={"PAGEFLEET_CACHE": str(tmp_path / "cache")}).wait_ready()
+                            "--api-key", "k1"], tmp_path / "demo.log").wait_ready()
     try:
         client = OpenAI(base_url=srv.url + "/v1", api_key="k1", max_retries=0)
         card = client.models.list().data[0]
@@ -218,5 +217,34 @@ def test_port_0_binds_a_free_port_named_in_the_log(model_dir, tmp_path):
         assert out.index(f"listening on http://127.0.0.1:{srv.port}") < out.index("KV cache:")
         assert f"starting on http://127.0.0.1:{srv.port}" in out
         assert httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
+    finally:
+        srv.close()
+
+
+def test_metrics_answer_while_the_engine_loads(tmp_path):
+    """Prometheus scrapes pods that are not ready yet (prometheus-operator keeps their
+    endpoints): a /metrics that waited for the whole load read as a server down, and
+    PagefleetServerDown fired on every model load. The load is stretched with the
+    engine's fault hook (each warm-up step stalls), not mocked."""
+    srv = SubprocessServer(["--max-num-seqs", "2", "--max-model-len", "256",
+                            "--kv-cache-memory", str(16 << 20)], tmp_path / "load.log",
+                           env={"PAGEFLEET_FAULTS": "stall:pagefleet-warmup-",
+                                "PAGEFLEET_FAULT_STALL_SECONDS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:\d+)", srv.output())):
+            assert srv.proc.poll() is None and time.monotonic() < deadline, srv.output()
+            time.sleep(0.05)
+        url = m.group(1)
+        loading = httpx.get(url + "/metrics", timeout=3)
+        health = httpx.get(url + "/health", timeout=3)
+        api = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=3)
+        assert "starting on" not in srv.output(), "the engine was up already: the load was not observed"
+        assert loading.status_code == 200 and "vllm:" not in loading.text, loading.text
+        assert health.status_code == 503, "not ready while loading"
+        assert api.status_code == 503 and api.headers["retry-after"] and "loading" in api.json()["error"]["message"]
+        srv.wait_ready()
+        ready = httpx.get(url + "/metrics", timeout=10)
+        assert ready.status_code == 200 and "vllm:num_requests_running" in ready.text
     finally:
         srv.close()

@@ -46,10 +46,28 @@ operator.watchNamespaces, else all ('*'). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* An image reference from (list repository tag digest appVersion): repo:tag, or with
+a digest repo@digest (repo:tag@digest when a tag is given too). */}}
+{{- define "pagefleet.imageRef" -}}
+{{- $repo := index . 0 -}}{{- $tag := index . 1 -}}{{- $digest := index . 2 -}}
+{{- if and $digest $tag -}}
+{{- printf "%s:%s@%s" $repo $tag $digest -}}
+{{- else if $digest -}}
+{{- printf "%s@%s" $repo $digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo ($tag | default (index . 3)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "pagefleet.gatewayImage" -}}
-{{- $repo := .Values.gateway.image.repository | default .Values.serverImage.repository -}}
-{{- $tag := .Values.gateway.image.tag | default .Values.serverImage.tag | default .Chart.AppVersion -}}
-{{- printf "%s:%s" $repo $tag -}}
+{{- $gw := .Values.gateway.image -}}
+{{- $repo := $gw.repository | default .Values.serverImage.repository -}}
+{{- $tag := $gw.tag | default .Values.serverImage.tag -}}
+{{- $digest := $gw.digest -}}
+{{- if not (or $gw.repository $gw.tag $gw.digest) -}}
+{{- $digest = .Values.serverImage.digest -}}
+{{- end -}}
+{{- include "pagefleet.imageRef" (list $repo $tag $digest .Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "pagefleet.selectorLabels" -}}
@@ -84,11 +102,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "pagefleet.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "pagefleet.imageRef" (list .Values.image.repository .Values.image.tag .Values.image.digest .Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "pagefleet.serverImage" -}}
-{{- printf "%s:%s" .Values.serverImage.repository (default .Chart.AppVersion .Values.serverImage.tag) -}}
+{{- include "pagefleet.imageRef" (list .Values.serverImage.repository .Values.serverImage.tag .Values.serverImage.digest .Chart.AppVersion) -}}
 {{- end -}}
 
 {{/* Namespace patterns (globs) in operator.watchNamespaces: kopf then scans. */}}
@@ -132,6 +150,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- if and .Values.networkPolicy.enabled (not (or .Values.networkPolicy.namespaces .Values.operator.watchNamespaces)) -}}
 {{- fail "networkPolicy.enabled=true needs networkPolicy.namespaces (or operator.watchNamespaces): the namespaces of the model servers" -}}
+{{- end -}}
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.namespaces) (include "pagefleet.hasGlobs" .) -}}
+{{- fail (printf "networkPolicy.enabled=true with a pattern in operator.watchNamespaces (%s) needs networkPolicy.namespaces: the exact namespaces of the model servers (a NetworkPolicy lives in one namespace)" (join ", " .Values.operator.watchNamespaces)) -}}
 {{- end -}}
 {{- end -}}
 
