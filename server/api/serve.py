@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 
 from pagefleet.server.config import DEMO_MODEL, ConfigError, EngineConfig, ServerConfig
@@ -199,10 +200,17 @@ class LoadingResponder:
                     pass
 
     @staticmethod
-    def _answer(conn: socket.socket) -> None:
-        conn.settimeout(2)
+    def _answer(conn: socket.socket, limit_s: float = 2.0) -> None:
+        # One connection at a time, so a client that trickles its request line gets
+        # `limit_s` in all (not per read): it can neither starve the scrapes nor hold
+        # up stop(), which the server's start waits on.
+        deadline = time.monotonic() + limit_s
         data = b""
         while b"\r\n\r\n" not in data and len(data) < 16384:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            conn.settimeout(left)
             chunk = conn.recv(4096)
             if not chunk:
                 break

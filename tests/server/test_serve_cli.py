@@ -248,3 +248,40 @@ def test_metrics_answer_while_the_engine_loads(tmp_path):
         assert ready.status_code == 200 and "vllm:num_requests_running" in ready.text
     finally:
         srv.close()
+
+
+def test_a_trickling_client_does_not_hold_the_loading_responder() -> None:
+    """The loading responder serves one connection at a time; a client sending its
+    request line a byte a second must lose its turn after the responder's limit, not
+    keep /metrics (and the hand-over to uvicorn, which joins the thread) waiting."""
+    import threading
+
+    from pagefleet.server.api.serve import LoadingResponder
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    responder = LoadingResponder(sock).start()
+    stop_trickle = threading.Event()
+
+    def trickle() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
+                if stop_trickle.wait(1.0):
+                    return
+                try:
+                    c.send(bytes([b]))
+                except OSError:
+                    return
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        time.sleep(0.5)   # the trickler is connected first
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        assert r.status_code == 200
+        assert t.is_alive(), "the scrape was answered only after the trickler gave up"
+    finally:
+        stop_trickle.set()
+        t.join()
+        responder.stop()
+        sock.close()
