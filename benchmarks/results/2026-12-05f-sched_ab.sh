@@ -1,4 +1,4 @@
-# The twenty-fifth session's scheduler A/B (carry .whl-pf), ~6 minutes: pagefleet's
+# The twenty-fifth session's scheduler A/B (carry .whl-pf), ~5 minutes (half the request counts): pagefleet's
 # OpenAI server under online_bench.py's `mixed` (48 users, 10% 6,000-token documents,
 # 90% 96-token questions) and `u64` workloads, first with the server tree from before
 # the session's engine merge (benchmarks/_before/server: `git archive 6aacd62 server`,
@@ -17,7 +17,7 @@ for side in before after; do
   if [ $side = before ]; then ln -sfn "$PWD/benchmarks/_before/server" /tmp/pf/pagefleet/server
   else ln -sfn "$PWD/server" /tmp/pf/pagefleet/server; fi
   echo "== $side: $(readlink /tmp/pf/pagefleet/server)"
-  timeout 230 python3 benchmarks/online_bench.py --server pagefleet --model "$M" --workloads mixed,u64 \
+  timeout 230 python3 benchmarks/online_bench.py --server pagefleet --model "$M" --workloads mixed,u64 --scale ${SCALE:-0.5} \
       --out "$OUT/online_$side.json" --server-log "$OUT/server_$side.log" > "$OUT/bench_$side.log" 2>&1
   echo "rc $?"; grep -v "^\[" "$OUT/bench_$side.log" | tail -14
 done
