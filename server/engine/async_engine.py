@@ -258,8 +258,13 @@ class AsyncEngine:
 
     @property
     def num_queued(self) -> int:
-        """Requests the admission limit counts: accepted, never scheduled."""
-        return self.num_unscheduled
+        """Requests the admission limit counts: accepted, never scheduled, beyond the
+        batch rows that are free. A burst that arrives together at an idle server sits
+        in the core's queue only until the next step takes it: those requests are not
+        waiting for capacity, and counting them made 7 requests at once a 429 on a
+        server with 8 free rows and a cap of 6."""
+        free_rows = max(0, self.info.max_num_seqs - self.num_running)
+        return max(0, self.num_unscheduled - free_rows)
 
     @property
     def num_open(self) -> int:
@@ -292,9 +297,10 @@ class AsyncEngine:
             raise RequestRejected(
                 f"the request holds {n} prompts, more than the server's whole queue "
                 f"(--max-num-queued-requests {self.max_num_queued_requests}); split it", "prompt")
-        if self.num_unscheduled + n > self.max_num_queued_requests:
+        free_rows = max(0, self.info.max_num_seqs - self.num_running)
+        if max(0, self.num_unscheduled + n - free_rows) > self.max_num_queued_requests:
             raise QueueFullError(
-                f"the server's queue is full ({self.num_unscheduled} requests waiting, "
+                f"the server's queue is full ({self.num_queued} requests waiting, "
                 f"--max-num-queued-requests {self.max_num_queued_requests}); retry later")
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,

@@ -172,13 +172,33 @@ def test_preempted_requests_do_not_fill_the_admission_queue(model):
         await until(lambda: eng.num_waiting >= 3, "preemptions")
         assert eng.num_unscheduled == 0
         eng.check_admission(3)          # raised QueueFullError: "5 requests waiting"
-        probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(3)]
+        # The limit still holds for new requests: the free rows, then the 3 it allows.
+        free_rows = 16 - eng.num_running
+        probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(free_rows + 3)]
         with pytest.raises(Exception, match="queue is full"):
-            eng.check_admission(1)      # the limit still holds for new requests
+            eng.check_admission(1)
         done = streams + probes
         await until(lambda: all(s.finished for s in done), "all finished", 300)
         assert all(s.error is None for s in done)
         assert eng.num_unscheduled == eng.num_waiting == eng.num_running == 0
+    run_async(model, main, max_num_queued_requests=3)
+
+
+def test_a_burst_that_fits_the_free_rows_is_not_queued(model):
+    """Requests that arrive together at an idle server wait in the core's queue only
+    until the next step: they are not queued for capacity. With 16 free rows and a cap
+    of 3, 19 at once are admitted (the 4th was a 429), and the 20th is refused."""
+    async def main(eng):
+        streams = []
+        for i in range(16 + 3):
+            eng.check_admission(1)
+            streams.append(eng.add(f"b{i}", [5 + i], greedy(2)))
+        assert eng.num_queued == 3
+        with pytest.raises(Exception, match="queue is full"):
+            eng.check_admission(1)
+        await until(lambda: all(s.finished for s in streams), "all finished", 300)
+        assert all(s.error is None for s in streams)
+        assert eng.num_queued == eng.num_unscheduled == 0
     run_async(model, main, max_num_queued_requests=3)
 
 
