@@ -23,7 +23,7 @@ One rule of our own, for the default metric (`concurrency`, target maxNumSeqs): 
 replica whose KV cache (or token budget) binds before maxNumSeqs queues requests
 while its running + waiting is still below target, so the HPA rule alone would let
 a queue of hundreds build before adding a replica. When replicas have queued for
-SATURATION_SUSTAIN_S (seed 003's alert: "waiting above 0 for 10 s means saturated:
+SATURATION_SUSTAIN_S (seed 000's alert: "waiting above 0 for 10 s means saturated:
 scale out"), their running count is taken as what a replica really holds, and the
 fleet is sized for the load at that capacity if that asks for more.
 
