@@ -117,8 +117,18 @@ class EngineConfig:
                      "GPU the checkpoint's dtype, with float32 checkpoints served in "
                      "bfloat16.",
                      choices=("auto", "float32", "float16", "bfloat16", "half"))
+    hf_overrides: str | dict | None = opt(
+        None, "JSON object of config.json values to override, as vLLM's flag takes it: "
+        "rope_scaling (or rope_parameters), rope_theta, max_position_embeddings, e.g. "
+        "Qwen2.5's 128K context: '{\"rope_scaling\": {\"rope_type\": \"yarn\", "
+        "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}}'. Each key "
+        "replaces the config's whole value; other keys are refused (edit config.json).",
+        metavar="JSON")
     max_model_len: int | None = opt(None, "Model context length (prompt + output). "
-                                    "Default: the model config's max_position_embeddings.",
+                                    "Default: the model config's max_position_embeddings; "
+                                    "with linear rope scaling times its factor, with yarn "
+                                    "its original_max_position_embeddings times its factor "
+                                    "(vLLM's rule).",
                                     human=True)
     max_num_seqs: int | None = opt(None, "Maximum number of sequences per engine step. "
                                    "Default by device, as vLLM picks: 1024 on GPUs with at "
@@ -208,6 +218,8 @@ class EngineConfig:
              f"must be one of {','.join(map(str, BLOCK_SIZES))}")
         need(0 < self.gpu_memory_utilization <= 1, "gpu-memory-utilization", "must be in (0, 1]")
         need(self.max_model_len is None or self.max_model_len >= 1, "max-model-len", "must be >= 1")
+        from pagefleet.server.models.config import parse_hf_overrides
+        parse_hf_overrides(self.hf_overrides)     # a ConfigError naming the flag
         need(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv-cache-memory", "must be > 0")
         need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num-gpu-blocks-override",
              "must be >= 1")
@@ -443,10 +455,12 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                       "the weights and serve the merged model",
     "--speculative-config": "not supported: speculative decoding is not implemented",
     "--speculative-model": "not supported: speculative decoding is not implemented",
-    "--rope-scaling": "not supported: it changes the model; set rope_scaling in the "
-                      "model's config.json instead",
-    "--hf-overrides": "not supported: it changes the model; edit the model's config.json "
-                      "instead",
+    # vLLM dropped these two for --hf-overrides, which pagefleet takes.
+    "--rope-scaling": "not supported (vLLM has dropped it too): use --hf-overrides "
+                      "'{\"rope_scaling\": {...}}', or set rope_scaling in the model's "
+                      "config.json",
+    "--rope-theta": "not supported (vLLM has dropped it too): use --hf-overrides "
+                    "'{\"rope_theta\": ...}', or set rope_theta in the model's config.json",
     "--allowed-origins": "not supported: no CORS headers are sent; add them at the proxy "
                          "in front",
 }

@@ -197,13 +197,16 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
                      num_kv_heads: int = 2, vocab_size: int = 512,
                      max_position_embeddings: int = 2048,
                      chat_template: str | None = None,
-                     added_tokens: tuple[str, ...] = ()) -> Path:
+                     added_tokens: tuple[str, ...] = (),
+                     rope_scaling: dict | None = None) -> Path:
     """Write a complete offline HF model directory and return its path.
 
     Deterministic for a given seed. Tied embeddings default to on for qwen3 (as the
     small Qwen3 checkpoints ship) and off for the others. `chat_template` replaces the
     plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools;
     `added_tokens` become single vocabulary entries (a reasoning model's think tags).
+    `rope_scaling` replaces the arch's (llama: llama3; the others: none), e.g. YaRN as
+    Qwen2.5's model card adds it; the weights do not depend on it.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
@@ -218,6 +221,8 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
     eos_ids = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
     cfg = _arch_config(arch, n_tok, hidden_size, num_layers, num_heads, num_kv_heads, tie,
                        max_position_embeddings, eos_ids, tok.pad_token_id)
+    if rope_scaling is not None:
+        cfg["rope_scaling"] = dict(rope_scaling)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": eos_ids, "do_sample": True,
            "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}

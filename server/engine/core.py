@@ -49,11 +49,11 @@ log = logging.getLogger("pagefleet.engine")
 
 
 def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
-    limit = model_cfg.max_position_embeddings
+    limit, how = model_cfg.context_limit()
     want = config.max_model_len or limit
     if want > limit:
-        raise ConfigError(f"--max-model-len {want} exceeds the model's "
-                          f"max_position_embeddings ({limit}); use at most {limit}")
+        raise ConfigError(f"--max-model-len {want} exceeds the model's context length "
+                          f"{limit} ({how}); use at most {limit}")
     window = model_cfg.sliding_window
     if window and want > window:
         raise ConfigError(f"--max-model-len {want} exceeds the model's sliding window "
@@ -105,7 +105,7 @@ class EngineCore:
             log.info("%s", note)
         self.config = config
         self.model_dir = Path(model_dir)
-        self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        self.model_cfg = ModelConfig.from_dir(self.model_dir, config.hf_overrides)
         self.max_model_len = resolve_max_model_len(config, self.model_cfg)
         self.eos_token_ids = tuple(eos_token_ids if eos_token_ids is not None
                                    else self.model_cfg.eos_token_ids)

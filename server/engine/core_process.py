@@ -309,7 +309,7 @@ class ServedEngine:
 
         self.config = config
         self.model_dir = Path(model_dir)
-        self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        self.model_cfg = ModelConfig.from_dir(self.model_dir, config.hf_overrides)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
         self.generation_defaults = generation_defaults(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_cfg, self.tokenizer)

@@ -95,7 +95,7 @@ def main() -> int:
         store = make_store(spec.rank, spec.world_size, spec.store_port,
                            timeout_s=spec.config.startup_timeout)
         group = TPGroup(spec.rank, spec.world_size, store, device)
-        model_cfg = ModelConfig.from_dir(spec.model_dir)
+        model_cfg = ModelConfig.from_dir(spec.model_dir, spec.config.hf_overrides)
         runner = ModelRunner(spec.config, spec.model_dir, model_cfg, spec.max_model_len, tp=group)
         runner.init_kv_cache()
     except ConfigError as e:

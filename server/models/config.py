@@ -1,7 +1,7 @@
 """The parts of an HF `config.json` the decoders need, read once into a typed record.
 
 Reads both the classic checkpoint format (`rope_theta`, `rope_scaling`) and
-transformers v5's `rope_parameters`.
+transformers v5's `rope_parameters`, with `--hf-overrides` (vLLM's flag) applied on top.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pagefleet.server.config import ConfigError
 
 # Per-architecture differences of the supported decoders.
 ARCH_FEATURES: dict[str, dict[str, bool]] = {
@@ -19,8 +21,139 @@ ARCH_FEATURES: dict[str, dict[str, bool]] = {
 }
 
 
-class UnsupportedModelError(ValueError):
-    pass
+class UnsupportedModelError(ConfigError):
+    """The checkpoint (or what --hf-overrides makes of it) asks for something pagefleet
+    does not implement: a startup error, one line naming what is supported."""
+
+
+# The rope types served (ops/rotary.py computes them); the others (dynamic NTK, longrope,
+# ...) are refused at startup, naming these.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_type_of(scaling: dict | None) -> str:
+    """HF's reading: `rope_type`, else the older `type`, else default."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default")) or "default"
+
+
+# Types whose original_max_position_embeddings HF fills in (`standardize_rope_params`).
+_ORIGINAL_LEN_TYPES = ("llama3", "yarn", "longrope")
+# What --hf-overrides may set: the keys that extend the context (rope scaling) and the
+# position limit. Other keys change the checkpoint's shapes or what pagefleet never reads
+# (silently ignored would be worse than refused): edit config.json for those.
+HF_OVERRIDE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "max_position_embeddings")
+
+
+def parse_hf_overrides(text: str | dict | None) -> dict:
+    """`--hf-overrides` (a JSON object, as vLLM takes it) -> the dict, checked: only
+    HF_OVERRIDE_KEYS, rope dicts as objects, numbers as numbers. ConfigError otherwise."""
+    if text is None or text == "":
+        return {}
+    if isinstance(text, dict):
+        data = text
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--hf-overrides: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--hf-overrides: expected a JSON object, e.g. "
+                          '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+                          '"original_max_position_embeddings": 32768}}')
+    other = [k for k in data if k not in HF_OVERRIDE_KEYS]
+    if other:
+        raise ConfigError(f"--hf-overrides: {', '.join(map(repr, other))} cannot be "
+                          f"overridden here; the keys taken are {', '.join(HF_OVERRIDE_KEYS)} "
+                          "(edit the model's config.json for anything else)")
+    for key in ("rope_scaling", "rope_parameters"):
+        if key in data and not (data[key] is None or isinstance(data[key], dict)):
+            raise ConfigError(f"--hf-overrides: {key} must be a JSON object or null")
+    if "rope_theta" in data and not _is_number(data["rope_theta"], 0):
+        raise ConfigError("--hf-overrides: rope_theta must be a number > 0")
+    if "max_position_embeddings" in data and not (
+            isinstance(data["max_position_embeddings"], int)
+            and not isinstance(data["max_position_embeddings"], bool)
+            and data["max_position_embeddings"] >= 1):
+        raise ConfigError("--hf-overrides: max_position_embeddings must be an integer >= 1")
+    return data
+
+
+def _is_number(x, above: float) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > above
+
+
+def apply_hf_overrides(cfg: dict, overrides: dict) -> dict:
+    """config.json with vLLM's --hf-overrides applied: each key replaced as a whole (a
+    rope dict is not merged into the checkpoint's; `rope_scaling` replaces transformers
+    v5's `rope_parameters` too, so `"rope_scaling": null` turns scaling off). The rope
+    theta stays the checkpoint's unless `rope_theta` is overridden, which then also
+    replaces the one inside a rope dict (read first otherwise)."""
+    if not overrides:
+        return cfg
+    theta = _theta(cfg)
+    out = dict(cfg)
+    for key, value in overrides.items():
+        out[key] = dict(value) if isinstance(value, dict) else value
+    if "rope_scaling" in overrides and "rope_parameters" not in overrides:
+        out.pop("rope_parameters", None)
+    if "rope_theta" in overrides:
+        for key in ("rope_scaling", "rope_parameters"):
+            if isinstance(out.get(key), dict) and "rope_theta" in out[key]:
+                out[key]["rope_theta"] = overrides["rope_theta"]
+    elif theta is not None and _theta(out) is None:
+        out["rope_theta"] = theta
+    return out
+
+
+def _theta(cfg: dict) -> float | None:
+    """The rope base a config gives: its rope dict's rope_theta (transformers reads it
+    first), else the top-level rope_theta."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+            return rope["rope_theta"]
+    return cfg.get("rope_theta")
+
+
+def _rope_scaling(cfg: dict) -> dict | None:
+    """The rope scaling of a config, standardized as transformers does it
+    (`standardize_rope_params`): `type` read as `rope_type`, `original_max_position_embeddings`
+    filled in from max_position_embeddings (a top-level one wins, as for Phi-3), YaRN's
+    factor null read as max_position_embeddings / original. None for plain rope; an
+    unsupported type is an UnsupportedModelError naming the supported ones."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+    if not rope:
+        return None
+    if not isinstance(rope, dict):
+        raise UnsupportedModelError(f"rope_scaling {rope!r}: expected an object")
+    rope_type = rope_type_of(rope)
+    if rope_type == "default":
+        return None
+    where = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"{where} type {rope_type!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    scaling = dict(rope, rope_type=rope_type)
+    max_pos = cfg.get("max_position_embeddings", 4096)
+    if rope_type in _ORIGINAL_LEN_TYPES:
+        if "original_max_position_embeddings" in cfg:
+            scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        else:
+            scaling.setdefault("original_max_position_embeddings", max_pos)
+    if "factor" not in scaling:
+        raise UnsupportedModelError(f"{where} type {rope_type!r} needs a factor")
+    if scaling["factor"] is None and rope_type == "yarn":
+        scaling["factor"] = max_pos / scaling["original_max_position_embeddings"]
+    if not _is_number(scaling["factor"], 0):
+        raise UnsupportedModelError(f"{where} factor must be a number > 0, got "
+                                    f"{scaling['factor']!r}")
+    partial = scaling.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if rope_type in ("linear", "yarn") and partial not in (None, 1, 1.0):
+        raise UnsupportedModelError(f"partial_rotary_factor {partial} is not supported "
+                                    "(the whole head is rotated)")
+    return scaling
 
 
 @dataclass(frozen=True)
@@ -50,21 +183,38 @@ class ModelConfig:
     quantization_config: dict | None = field(default=None, compare=False, hash=False)
     quantization_config_file: str | None = field(default=None, compare=False, hash=False)
 
+    def context_limit(self) -> tuple[int, str]:
+        """(the longest context the config allows, how it was derived): vLLM's rule
+        (`_get_and_verify_max_len`): max_position_embeddings, times the rope scaling
+        factor for the types that do not already count it there (linear; for yarn the
+        original_max_position_embeddings times the factor: Qwen2.5's 32768 x 4 = 131072);
+        llama3 configs already give the scaled length."""
+        limit = self.max_position_embeddings
+        scaling = self.rope_scaling
+        if not scaling or scaling["rope_type"] in ("llama3", "longrope", "su"):
+            return limit, f"max_position_embeddings {limit}"
+        factor, key = scaling["factor"], "max_position_embeddings"
+        if scaling["rope_type"] == "yarn":
+            key = "original_max_position_embeddings"
+            limit = scaling[key]
+        return int(limit * factor), f"{key} {limit} x {scaling['rope_type']} factor {factor:g}"
+
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_dir(cls, model_dir: str | Path,
+                 hf_overrides: str | dict | None = None) -> "ModelConfig":
+        """`hf_overrides`: `--hf-overrides` (JSON text or its dict), applied to config.json."""
         model_dir = Path(model_dir)
         cfg = json.loads((model_dir / "config.json").read_text())
+        cfg = apply_hf_overrides(cfg, parse_hf_overrides(hf_overrides))
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in ARCH_FEATURES), None)
         if arch is None:
             raise UnsupportedModelError(
                 f"architecture {archs or cfg.get('model_type')} is not supported; "
                 f"supported: {', '.join(ARCH_FEATURES)}")
-        rope = cfg.get("rope_parameters") or {}
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
-            scaling = None
+        theta = _theta(cfg)
+        theta = 10000.0 if theta is None else theta
+        scaling = _rope_scaling(cfg)
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         eos = _eos_ids(model_dir, cfg)
         qcfg, qfile = _quantization_config(model_dir, cfg)

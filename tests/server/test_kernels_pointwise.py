@@ -71,6 +71,8 @@ def test_logits_gemv(monkeypatch, dtype, rows, vocab, hidden):
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -86,6 +88,44 @@ def test_rotary(dtype, scaling, tokens, hq, hk, d):
     q1, k1 = triton_rotary.rotary_embedding(pos, q, k, cs)
     q2, k2 = rotary.rotary_embedding(pos, q, k, cs)
     assert rel_err(q1, q2) <= TOL[dtype] and rel_err(k1, k2) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])   # bf16: see below
+@pytest.mark.parametrize("scaling", [YARN, LINEAR])
+def test_rotary_kernels_rotate_as_hf_with_scaled_rope(dtype, scaling):
+    """The kernels read the scaled table (they compute no frequencies): q and k rotated
+    at positions past the original 64 are HF's `apply_rotary_pos_emb` with the HF
+    model's own cos/sin (YaRN's attention factor in), bit for bit in float32. Not
+    bfloat16 here: the interpreter rounds it by truncation, which on YaRN tables measured
+    1.06e-2 against the twin, just past the bf16 tolerance (the GPU rounds to nearest)."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import (Qwen2RotaryEmbedding,
+                                                          apply_rotary_pos_emb)
+
+    tokens, hq, hk, d = 9, 4, 2, 32
+    hf_cfg = Qwen2Config(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk,
+                         max_position_embeddings=64, rope_theta=10000.0,
+                         rope_scaling=dict(scaling))
+    cs = rotary.cos_sin_cache(d, 256, 10000.0, scaling).to(DEV)
+    g = torch.Generator().manual_seed(len(scaling))
+    q = torch.randn(tokens, hq, d, generator=g).to(dtype)
+    k = torch.randn(tokens, hk, d, generator=g).to(dtype)
+    v = torch.randn(tokens, hk, d, generator=g).to(dtype)
+    pos = torch.tensor([0, 1, 63, 64, 65, 100, 170, 254, 255])
+    cos, sin = Qwen2RotaryEmbedding(hf_cfg)(q, pos[None])
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                        cos, sin)
+    ref_q, ref_k = ref_q[0].transpose(0, 1), ref_k[0].transpose(0, 1)
+    q1, k1 = triton_rotary.rotary_embedding(pos.to(DEV), q.to(DEV), k.to(DEV), cs)
+    kc, vc = make_cache(2, 16, hk, d, dtype, tokens)
+    q2 = triton_rotary.rotary_and_store(pos.to(DEV), q.to(DEV), k.to(DEV), v.to(DEV), cs,
+                                        kc, vc, torch.arange(tokens).to(DEV))
+    k2 = kc.view(-1, hk, d)[:tokens]
+    for out, ref in ((q1, ref_q), (k1, ref_k), (q2, ref_q), (k2, ref_k)):
+        if dtype == torch.float32:
+            assert torch.equal(out.cpu(), ref)
+        else:
+            assert rel_err(out.cpu().float(), ref.float()) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype,kv_dtype", [(torch.bfloat16, torch.bfloat16),

@@ -106,3 +106,56 @@ def test_preemption_keeps_outputs(tiny_models, reference, name):
               max_num_batched_tokens=128)
     assert run(llm, prompts, MAX_NEW) == ref
     assert llm.stats()["num_preemptions"] > 0
+
+
+# Rope scaling as Qwen2.5's model card adds it to config.json (the old `type` key; trained
+# positions = max_position_embeddings = original x 1, served x 4), and its variants. The
+# prompts run past the original 64 positions, to 250 of the 256 the scaling allows.
+YARN_CARD = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+ROPE_MODELS = {
+    "qwen2-yarn": {"arch": "qwen2", "max_position_embeddings": 64, "rope_scaling": YARN_CARD},
+    "llama-yarn": {"arch": "llama", "max_position_embeddings": 256, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 16, "truncate": False}},
+    "qwen2-linear": {"arch": "qwen2", "max_position_embeddings": 64,
+                     "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+}
+ROPE_LENGTHS = [1, 50, 90, 150, 200]
+ROPE_MAX_NEW = [64, 64, 60, 60, 50]
+
+
+@pytest.fixture(scope="module")
+def rope_reference(tiny_models):
+    prompts = random_prompts(3, ROPE_LENGTHS, 512)
+    cache = {}
+
+    def get(name: str) -> list[list[int]]:
+        if name not in cache:
+            cache[name] = hf_greedy(tiny_models(name, **ROPE_MODELS[name]), prompts,
+                                    ROPE_MAX_NEW)
+            assert_diverse(cache[name])
+        return cache[name]
+
+    return prompts, get
+
+
+@pytest.mark.parametrize("name", list(ROPE_MODELS))
+def test_greedy_matches_hf_with_rope_scaling(tiny_models, rope_reference, name):
+    """The default max_model_len is the scaled one (vLLM's rule: 64 x 4), and greedy
+    outputs past the original length are HF's, token for token."""
+    prompts, reference = rope_reference
+    llm = LLM(tiny_models(name, **ROPE_MODELS[name]), max_num_seqs=16)
+    assert llm.engine.max_model_len == 256
+    assert run(llm, prompts, ROPE_MAX_NEW) == reference(name)
+
+
+def test_hf_overrides_serve_the_model_card_rope(tiny_models, rope_reference):
+    """`hf_overrides` (--hf-overrides) on the unedited checkpoint serves what editing
+    config.json as the model card says serves: the same tokens as HF on the edited one."""
+    import json
+
+    prompts, reference = rope_reference
+    plain = tiny_models("qwen2-plain64", arch="qwen2", max_position_embeddings=64)
+    llm = LLM(plain, max_num_seqs=16, hf_overrides=json.dumps({"rope_scaling": YARN_CARD}))
+    assert llm.engine.max_model_len == 256
+    assert run(llm, prompts, ROPE_MAX_NEW) == reference("qwen2-yarn")

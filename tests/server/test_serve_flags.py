@@ -118,6 +118,12 @@ def test_vllm_flags_that_change_nothing_here_get_a_notice(extra: list[str]) -> N
     (["--ssl-keyfile", "k.pem"], "--ssl-keyfile", "terminate TLS"),
     (["--ssl-certfile=c.pem"], "--ssl-certfile", "terminate TLS"),
     (["--root-path", "/v"], "--root-path", "strip the path prefix"),
+    (["--rope-scaling", '{"rope_type": "yarn"}'], "--rope-scaling",
+     "use --hf-overrides '{\"rope_scaling\": {...}}'"),
+    (["--rope-theta=1e6"], "--rope-theta", "use --hf-overrides '{\"rope_theta\": ...}'"),
+    (["--hf-overrides", '{"num_hidden_layers": 2}'], "--hf-overrides",
+     "'num_hidden_layers' cannot be overridden here"),
+    (["--hf-overrides", "rope_scaling=yarn"], "--hf-overrides", "not JSON"),
     (["--max-num-seqs", "4", "--swap-space"], "--swap-space", "expected a value"),
 ])
 def test_vllm_flags_we_do_not_honour_are_refused_in_one_line(extra: list[str], flag: str,
@@ -146,6 +152,17 @@ def test_boolean_flags_take_older_vllms_values(extra: list[str], prefix: bool,
         build_configs(["m", "--enforce-eager=yes"])
 
 
+def test_hf_overrides_is_vllms_flag() -> None:
+    """Qwen2.5's 128K context the way vLLM serves it: --hf-overrides with the model
+    card's rope_scaling (and a max_position_embeddings, as vLLM users often add)."""
+    text = ('{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+            '"original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}')
+    engine, _, notices = build_configs(["Qwen/Qwen2.5-7B-Instruct", "--hf-overrides", text])
+    assert engine.hf_overrides == text and not notices
+    engine, _, _ = build_configs(["m"])
+    assert engine.hf_overrides is None
+
+
 def test_vllm_docs_flag_is_honoured() -> None:
     _, server, notices = build_configs(["m", "--disable-fastapi-docs"])
     assert server.disable_fastapi_docs and not notices
@@ -165,6 +182,7 @@ def test_help_lists_aliases_ignored_and_refused_vllm_flags() -> None:
     assert "--disable-prefix-caching       same as --no-enable-prefix-caching" in text
     assert "--tokenizer-mode auto|hf" in text and "--max-model-len" in text
     assert "32K = 32,768" in text
+    assert "--hf-overrides JSON" in text and "original_max_position_embeddings" in text
 
 
 def _config(tmp_path, text: str, *argv: str):
@@ -179,12 +197,14 @@ def test_config_file_takes_what_the_command_line_takes(tmp_path) -> None:
                   'enable-prefix-caching: "false"\ndisable-log-requests: true\n'
                   'trust-remote-code: true\nmax_num_batched_tokens: 16k\n'
                   'served-model-name: [a, b]\noverride-generation-config: {temperature: 0.5}\n'
-                  'num_kv_blocks: 12\ntokenizer-mode: auto\nenforce-eager: false\n')
+                  'num_kv_blocks: 12\ntokenizer-mode: auto\nenforce-eager: false\n'
+                  'hf-overrides: {rope_scaling: {type: yarn, factor: 4.0}}\n')
     assert (engine.max_model_len, server.port, engine.gpu_memory_utilization) == (8192, 8001, 0.85)
     assert engine.enable_prefix_caching is False and engine.enforce_eager is False
     assert engine.max_num_batched_tokens == 16_000 and engine.num_kv_blocks == 12
     assert server.served_model_name == ["a", "b"]
     assert server.override_generation_config == '{"temperature": 0.5}'
+    assert engine.hf_overrides == '{"rope_scaling": {"type": "yarn", "factor": 4.0}}'
     assert len(notices) == 3 and "--trust-remote-code is accepted" in notices[1]
     engine, _, _ = _config(tmp_path, "disable-prefix-caching: true\nmax-model-len: 4k\n",
                            "--max-model-len", "2K")                  # the command line wins

@@ -92,6 +92,27 @@ def test_tp2_greedy_matches_hf(tiny_models, name, caplog):
         llm.shutdown()
 
 
+def test_tp2_every_rank_takes_hf_overrides(tiny_models):
+    """--hf-overrides reaches the worker ranks too: YaRN put on an unedited checkpoint
+    serves, at TP=2, HF's tokens for the config.json edited as Qwen2.5's card says,
+    past the original 64 positions."""
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    edited = tiny_models("qwen2-yarn", arch="qwen2", max_position_embeddings=64,
+                         rope_scaling=yarn)
+    plain = tiny_models("qwen2-plain64", arch="qwen2", max_position_embeddings=64)
+    prompts = random_prompts(3, [50, 150, 200], 512)
+    max_new = [64, 60, 50]
+    ref = hf_greedy(edited, prompts, max_new)
+    assert_diverse(ref)
+    llm = LLM(plain, tensor_parallel_size=2, max_num_seqs=4,
+              hf_overrides=json.dumps({"rope_scaling": yarn}))
+    try:
+        assert llm.engine.max_model_len == 256
+        assert tokens(llm.generate(prompts, [greedy(n) for n in max_new])) == ref
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("fmt,kw,flag", [
     ("awq", {"group_size": -1}, None),
     ("gptq", {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"}, "gptq_marlin"),
