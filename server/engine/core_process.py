@@ -40,7 +40,7 @@ from pagefleet.server.engine.protocol import (CoreAbort, CoreError, CoreFailure,
 log = logging.getLogger("pagefleet.engine.core")
 
 SHUTDOWN = "shutdown"
-UTILITIES = ("counters", "check_whole", "stats", "parallel_info")
+UTILITIES = ("counters", "check_whole", "stats", "parallel_info", "reset_counters")
 
 
 class CoreStartupError(RuntimeError):
