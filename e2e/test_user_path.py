@@ -176,7 +176,7 @@ def test_example_becomes_available_and_serves(cluster: Cluster) -> None:
     dash = json.loads(yaml.safe_load((REPO / "manifests/monitoring/grafana-dashboard.yaml").read_text())
                       ["data"]["pagefleet.json"])
     queried |= {n for p in dash["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
-    missing = {n for n in queried if n.startswith("vllm:")} - exported
+    missing = {n for n in queried if n.startswith(("vllm:", "http_"))} - exported
     assert not missing, f"alerts/dashboard query metrics the server does not export: {missing}"
 
 

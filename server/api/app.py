@@ -29,6 +29,7 @@ from pagefleet.server.api.errors import (
     install_error_handlers,
     to_api_error,
 )
+from pagefleet.server.api.http_metrics import HTTPMetricsMiddleware
 from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
 from pagefleet.server.api.request_id import RequestIdMiddleware
 from pagefleet.server.api.serving import OpenAIServing, cancel_on_disconnect
@@ -55,6 +56,9 @@ async def warm_up(async_engine: AsyncEngine, tokenizer) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, output_kind="delta")
     async for _ in async_engine.generate("warmup-0", ids, params):
         pass
+    # Its prefix-cache lookup and tokens stay out of the metrics, as the core's own
+    # warm-up does (one call at startup, nothing per step).
+    await async_engine.reset_counters()
 
 
 def build_app(served, server_cfg: ServerConfig, *,
@@ -118,13 +122,17 @@ def build_app(served, server_cfg: ServerConfig, *,
     app.state.serving = serving
     install_error_handlers(app)
     # Innermost first: the body cap runs after the key check (no body is read for a
-    # 401), the request id outermost (401s and 413s carry it too).
+    # 401), then the request id (401s and 413s carry it too), the request counter
+    # outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=server_cfg.max_request_body_bytes,
                        timeout=server_cfg.request_body_timeout,
                        closing=async_engine.closing)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestIdMiddleware)
+    # Outermost: the 401s and 413s above are counted too.
+    app.add_middleware(HTTPMetricsMiddleware, counter=metrics.http_requests,
+                       routes=app.router.routes)
 
     def rid_of(request: Request) -> str:
         return request.state.request_id

@@ -16,6 +16,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from pagefleet.server.api.http_metrics import http_requests_counter
 from pagefleet.server.engine.async_engine import RequestStream, StepListener
 from pagefleet.server.engine.outputs import RequestOutput
 
@@ -71,12 +72,25 @@ class _EngineStatsCollector:
                     "batches.", eng.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
                     "processed.", eng.num_waiting)
+        kv = s.kv_cache_usage if s else 0.0
+        queries = s.prefix_cache_queries if s else 0
+        hits = s.prefix_cache_hits if s else 0
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                    s.kv_cache_usage if s else 0.0)
+                    kv)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of "
-                      "number of queried tokens.", s.prefix_cache_queries if s else 0)
+                      "number of queried tokens.", queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of "
-                      "cached tokens.", s.prefix_cache_hits if s else 0)
+                      "cached tokens.", hits)
+        # The same values under the names older vLLM releases exported, which alerts
+        # and dashboards carried over from them still read (an absent series never
+        # fires). Read from the same stats: nothing is counted twice.
+        yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent "
+                    "usage (older name of vllm:kv_cache_usage_perc).", kv)
+        yield counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms "
+                      "of number of queried tokens (older name of "
+                      "vllm:prefix_cache_queries).", queries)
+        yield counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of "
+                      "number of cached tokens (older name of vllm:prefix_cache_hits).", hits)
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the "
                       "engine.", s.num_preemptions if s else 0)
 
@@ -140,6 +154,8 @@ class ServerMetrics:
             LABELS, registry=r).labels(*self.labels)
         self.success = {reason: success.labels(*self.labels, reason)
                         for reason in FINISHED_REASONS}
+        # Every answered HTTP request by route, method and status (HTTPMetricsMiddleware).
+        self.http_requests = http_requests_counter(r)
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                      ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype",
                       "gpu_memory_utilization", *LABELS), registry=r)

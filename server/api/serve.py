@@ -228,6 +228,21 @@ class LoadingResponder:
         conn.sendall(head + (b"" if method == "HEAD" else body))
 
 
+def check_tokenizer_fits(server_cfg: ServerConfig, tokenizer) -> None:
+    """ConfigError when a flag needs what the tokenizer lacks: `--reasoning-parser`
+    needs its `</think>` as one token. Checked once the tokenizer is loaded, before the
+    weights, so the mistake costs seconds and reads as the other configuration errors.
+    (`--tool-call-parser` parses text and needs no particular token.)"""
+    if server_cfg.reasoning_parser:
+        from pagefleet.server.api.reasoning import (ReasoningConfigError, get_reasoning_parser,
+                                                    think_token_ids)
+
+        try:
+            think_token_ids(get_reasoning_parser(server_cfg.reasoning_parser), tokenizer)
+        except ReasoningConfigError as e:
+            raise ConfigError(str(e)) from None
+
+
 def run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list[str]) -> int:
     setup_logging()
     sock = listen_or_explain("serve", server_cfg.host, server_cfg.port)
@@ -276,7 +291,8 @@ def _run_serve(engine_cfg: EngineConfig, server_cfg: ServerConfig, notices: list
                                                      what="tokenizer"))
         from pagefleet.server.engine.core_process import CoreStartupError, ServedEngine
 
-        engine = ServedEngine(engine_cfg, model_dir, usage="server")
+        engine = ServedEngine(engine_cfg, model_dir, usage="server",
+                              check_tokenizer=lambda tok: check_tokenizer_fits(server_cfg, tok))
     except (ConfigError, ModelNotFoundError) as e:
         print(f"pagefleet serve: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

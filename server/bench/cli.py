@@ -31,15 +31,51 @@ from pagefleet.server.bench.datasets import random_dataset
 from pagefleet.server.bench.report import format_report, summarize
 
 
+# `vllm bench serve` flags with no counterpart here, and what to use instead. Any other
+# unknown flag is refused too, by name (not argparse's bare "unrecognized arguments").
+SERVER_FLAG = "a server flag: set it on `pagefleet serve`"
+NOT_HERE = {
+    "--input-len": "use --random-input-len (--input-len is `vllm bench throughput/latency`'s)",
+    "--output-len": "use --random-output-len (--output-len is `vllm bench throughput/latency`'s)",
+    "--dataset-path": "only the synthetic datasets are built in (--dataset-name random|prefix)",
+    **{f: SERVER_FLAG for f in (
+        "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
+        "--max-model-len", "--tensor-parallel-size", "-tp", "--enable-prefix-caching",
+        "--no-enable-prefix-caching", "--enable-chunked-prefill", "--kv-cache-dtype",
+        "--dtype", "--quantization", "--enforce-eager", "--block-size", "--served-model-name")},
+}
+BACKENDS = {"vllm": "/v1/completions", "openai": "/v1/completions",
+            "openai-chat": "/v1/chat/completions"}
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
 def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pagefleet bench serve",
-                                description="Benchmark an OpenAI-compatible server.")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000",
-                   help="Server root, e.g. http://127.0.0.1:8000")
+                                description="Benchmark an OpenAI-compatible server. "
+                                "`vllm bench serve`'s flags for the same things are accepted "
+                                "(--host/--port, --backend, --save-result/--result-dir/"
+                                "--result-filename, --percentile-metrics, --metric-percentiles, "
+                                "--random-prefix-len, --tokenizer, --metadata).")
+    p.add_argument("--base-url", default=None,
+                   help="Server root, e.g. http://127.0.0.1:8000 (default: from --host and "
+                        "--port)")
+    p.add_argument("--host", default="127.0.0.1", help="Server host when --base-url is not "
+                   "given (as vllm bench serve)")
+    p.add_argument("--port", type=int, default=8000, help="Server port when --base-url is "
+                   "not given (as vllm bench serve)")
     p.add_argument("--model", default=None, help="Model name (default: the server's first "
                    "model from /v1/models)")
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=("/v1/completions", "/v1/chat/completions"))
+    p.add_argument("--endpoint", default=None,
+                   choices=("/v1/completions", "/v1/chat/completions"),
+                   help="Default: /v1/completions, or the --backend's")
+    p.add_argument("--backend", default=None, choices=tuple(BACKENDS),
+                   help="vllm bench serve's client backend: vllm and openai send to "
+                        "/v1/completions, openai-chat to /v1/chat/completions")
+    p.add_argument("--tokenizer", default=None,
+                   help="Accepted for vllm bench serve scripts; prompts are sized with the "
+                        "server's own tokenizer (/tokenize) and token counts are the server's")
+    p.add_argument("--tokenizer-mode", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dataset", "--dataset-name", dest="dataset", default="random",
                    choices=("random", "prefix"),
                    help="random: random prompts. prefix: random prompts after shared "
@@ -48,9 +84,9 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-output-len", type=int, default=128)
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="Lengths are drawn uniformly from [len*(1-r), len*(1+r)]")
-    p.add_argument("--prefix-len", type=int, default=0,
-                   help="Tokens of shared prefix before each prompt (default 256 for "
-                        "--dataset prefix)")
+    p.add_argument("--prefix-len", "--random-prefix-len", dest="prefix_len", type=int,
+                   default=0, help="Tokens of shared prefix before each prompt (default 256 "
+                   "for --dataset prefix)")
     p.add_argument("--num-prefixes", type=int, default=1,
                    help="Distinct shared prefixes (requests cycle through them)")
     p.add_argument("--num-prompts", type=int, default=1000)
@@ -63,7 +99,23 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None,
                    help="Bearer key (default: $OPENAI_API_KEY or $PAGEFLEET_API_KEY)")
+    p.add_argument("--burstiness", type=float, default=None,
+                   help="Only 1.0: Poisson arrivals, the default (as vllm bench serve)")
     p.add_argument("--result-json", default=None, help="Write the figures to this file")
+    p.add_argument("--save-result", action="store_true",
+                   help="Write the figures as JSON to --result-dir/--result-filename "
+                        "(default name as vllm bench serve: "
+                        "BACKEND-RATEqps[-concurrencyN]-MODEL-DATE.json)")
+    p.add_argument("--result-dir", default=None, help="Folder for --save-result")
+    p.add_argument("--result-filename", default=None, help="File name for --save-result")
+    p.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="Added to the JSON result")
+    p.add_argument("--percentile-metrics", default=None,
+                   help="Comma-separated metrics the report gives percentiles of, from "
+                        "ttft,tpot,itl,e2el (default: all four)")
+    p.add_argument("--metric-percentiles", default="99",
+                   help="Comma-separated percentiles, e.g. 50,90,99 (default 99); the JSON "
+                        "gets p{X}_{metric}_ms keys")
     p.add_argument("--disable-tqdm", action="store_true", help="No progress bar")
     p.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout (s)")
     p.add_argument("--num-client-procs", type=int, default=1,
@@ -201,6 +253,90 @@ async def _run_procs(n: int, url: str, args, model: str, headers: dict, samples:
     return results, duration, [c / duration if duration > 0 else 0.0 for c in cpu]
 
 
+class BenchArgsError(ValueError):
+    """A command line that cannot run: main prints it after `pagefleet bench serve:
+    error:` and exits 2."""
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(args, notices) with vllm bench serve's flags mapped onto ours; BenchArgsError
+    naming each flag that has no counterpart here."""
+    parser = bench_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        flags = [a.split("=", 1)[0] for a in rest if a.startswith("-") and a != "-"
+                 and not a.lstrip("-").replace(".", "", 1).isdigit()]
+        if not flags:
+            raise BenchArgsError(f"unexpected argument(s): {' '.join(rest)}")
+        why = [f"{f}: {NOT_HERE.get(f, 'not a pagefleet bench serve flag (see --help)')}"
+               for f in dict.fromkeys(flags)]
+        raise BenchArgsError(f"unsupported flag{'s' if len(why) > 1 else ''}: "
+                             f"{'; '.join(why)}")
+    notices = []
+    if args.burstiness is not None and args.burstiness != 1.0:
+        raise BenchArgsError(f"--burstiness {args.burstiness:g}: only 1.0 (Poisson arrivals, "
+                             "the default) is supported")
+    if args.backend is not None:
+        implied = BACKENDS[args.backend]
+        if args.endpoint is not None and args.endpoint != implied:
+            raise BenchArgsError(f"--backend {args.backend} sends to {implied}, not "
+                                 f"--endpoint {args.endpoint}")
+        args.endpoint = implied
+    args.endpoint = args.endpoint or "/v1/completions"
+    if args.base_url is None:
+        from pagefleet.server.api.serve import http_url
+
+        args.base_url = http_url(args.host, args.port)
+    if args.tokenizer or args.tokenizer_mode or args.trust_remote_code:
+        notices.append("--tokenizer/--tokenizer-mode/--trust-remote-code are accepted for "
+                       "vllm bench serve scripts: prompts are sized with the server's "
+                       "tokenizer (/tokenize) and token counts are the server's usage")
+    if (args.result_dir or args.result_filename) and not args.save_result:
+        notices.append("--result-dir/--result-filename take effect with --save-result "
+                       "(as in vllm bench serve); nothing is saved")
+    metrics = PERCENTILE_METRICS
+    if args.percentile_metrics is not None:
+        metrics = tuple(m.strip() for m in args.percentile_metrics.split(",") if m.strip())
+        bad = [m for m in metrics if m not in PERCENTILE_METRICS]
+        if bad or not metrics:
+            raise BenchArgsError(f"--percentile-metrics {args.percentile_metrics}: choose from "
+                                 f"{','.join(PERCENTILE_METRICS)}")
+    args.percentile_metrics = metrics
+    try:
+        args.metric_percentiles = tuple(float(p) for p in args.metric_percentiles.split(","))
+    except ValueError:
+        raise BenchArgsError(f"--metric-percentiles {args.metric_percentiles}: expected "
+                             "numbers, e.g. 50,90,99") from None
+    if not args.metric_percentiles or not all(0 < p < 100 for p in args.metric_percentiles):
+        raise BenchArgsError(f"--metric-percentiles {args.metric_percentiles}: each must be "
+                             "in (0, 100)")
+    if args.metadata:
+        bad = [m for m in args.metadata if "=" not in m]
+        if bad:
+            raise BenchArgsError(f"--metadata {bad[0]}: expected KEY=VALUE")
+    return args, notices
+
+
+def saved_result_path(args: argparse.Namespace, summary: dict) -> str | None:
+    """Where the JSON goes: --result-json, else --save-result's file as vllm bench serve
+    names it (BACKEND-RATEqps[-concurrencyN]-MODEL-DATE.json in --result-dir)."""
+    if args.result_json:
+        return args.result_json
+    if not args.save_result:
+        return None
+    name = args.result_filename
+    if not name:
+        rate = args.request_rate
+        concurrency = (f"-concurrency{args.max_concurrency}"
+                       if args.max_concurrency is not None else "")
+        name = (f"{args.backend or 'vllm'}-{rate}qps{concurrency}-"
+                f"{summary['model_id'].split('/')[-1]}-{summary['date']}.json")
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        name = os.path.join(args.result_dir, name)
+    return name
+
+
 async def run_benchmark(args: argparse.Namespace) -> dict:
     base = args.base_url.rstrip("/")
     if base.endswith("/v1"):
@@ -233,10 +369,10 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     else:
         results, duration, cpu = await _run_procs(procs, url, args, model, headers, samples,
                                                   limit)
-    summary = summarize(results, duration)
+    summary = summarize(results, duration, getattr(args, "metric_percentiles", (99.0,)))
     summary.update({
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "backend": "openai-chat" if "chat" in args.endpoint else "openai",
+        "backend": args.backend or ("openai-chat" if "chat" in args.endpoint else "openai"),
         "base_url": base, "endpoint": args.endpoint, "model_id": model,
         "dataset": args.dataset, "num_prompts": args.num_prompts,
         "random_input_len": args.random_input_len, "random_output_len": args.random_output_len,
@@ -247,6 +383,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "client_saturated": max(cpu) > SATURATED,
         "errors": sorted({r.error for r in results if not r.success})[:20],
     })
+    for item in getattr(args, "metadata", None) or ():
+        key, _, value = item.partition("=")
+        summary[key.strip()] = value.strip()
     return summary
 
 
@@ -258,7 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] != "serve":
         print(f"pagefleet bench: unknown benchmark {argv[0]!r}; expected: serve", file=sys.stderr)
         return 2
-    args = bench_parser().parse_args(argv[1:])
+    try:
+        args, notices = parse_args(argv[1:])
+    except BenchArgsError as e:
+        print(f"pagefleet bench serve: error: {e}", file=sys.stderr)
+        return 2
+    for notice in notices:
+        print(f"pagefleet bench serve: note: {notice}", file=sys.stderr)
     if args.num_prompts < 1:
         print("pagefleet bench serve: --num-prompts must be >= 1", file=sys.stderr)
         return 2
@@ -270,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     except (httpx.HTTPError, OSError, ValueError) as e:
         print(f"pagefleet bench serve: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    print(format_report(summary))
-    if args.result_json:
-        with open(args.result_json, "w") as fh:
+    print(format_report(summary, args.percentile_metrics, args.metric_percentiles))
+    path = saved_result_path(args, summary)
+    if path:
+        with open(path, "w") as fh:
             json.dump(summary, fh, indent=2)
     return 0 if summary["completed"] > 0 else 1

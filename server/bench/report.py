@@ -28,15 +28,28 @@ def _pct(values: list[float], p: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def _dist(name: str, values_s: list[float]) -> dict:
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def pct_word(p: float) -> str:
+    """vLLM's spelling of a percentile in keys and labels: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def _dist(name: str, values_s: list[float], percentiles=(99.0,)) -> dict:
     ms = [v * 1000.0 for v in values_s]
-    return {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
-            f"median_{name}_ms": statistics.median(ms) if ms else 0.0,
-            f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0,
-            f"p99_{name}_ms": _pct(ms, 99)}
+    out = {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
+           f"median_{name}_ms": statistics.median(ms) if ms else 0.0,
+           f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0,
+           f"p99_{name}_ms": _pct(ms, 99)}
+    for p in percentiles:
+        out[f"p{pct_word(p)}_{name}_ms"] = _pct(ms, p)
+    return out
 
 
-def summarize(results: list[RequestResult], duration: float) -> dict:
+def summarize(results: list[RequestResult], duration: float,
+              percentiles: tuple[float, ...] = (99.0,)) -> dict:
+    """The figures; `p99_*_ms` always, plus `p{X}_*_ms` for each of `percentiles`."""
     ok = [r for r in results if r.success]
     total_in = sum(r.prompt_len for r in ok)
     total_out = sum(r.output_tokens for r in ok)
@@ -57,14 +70,17 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         "output_throughput": total_out / duration if duration > 0 else 0.0,
         "total_token_throughput": (total_in + total_out) / duration if duration > 0 else 0.0,
     }
-    out.update(_dist("ttft", [r.ttft for r in ok]))
-    out.update(_dist("tpot", tpots))
-    out.update(_dist("itl", [x for r in ok for x in r.itl]))
-    out.update(_dist("e2el", [r.latency for r in ok]))
+    out.update(_dist("ttft", [r.ttft for r in ok], percentiles))
+    out.update(_dist("tpot", tpots, percentiles))
+    out.update(_dist("itl", [x for r in ok for x in r.itl], percentiles))
+    out.update(_dist("e2el", [r.latency for r in ok], percentiles))
     return out
 
 
-def format_report(s: dict) -> str:
+def format_report(s: dict, metrics: tuple[str, ...] = METRICS,
+                  percentiles: tuple[float, ...] = (99.0,)) -> str:
+    """vLLM's report; `metrics` and `percentiles` as its --percentile-metrics and
+    --metric-percentiles pick them (the figures must hold those percentiles)."""
     def row(label: str, value, fmt: str = "{:<10.2f}") -> str:
         v = fmt.format(value) if isinstance(value, float) else str(value)
         return f"{label:<40} {v}"
@@ -81,10 +97,13 @@ def format_report(s: dict) -> str:
     for key, title in (("ttft", "Time to First Token"),
                        ("tpot", "Time per Output Token (excl. 1st token)"),
                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        if key not in metrics:
+            continue
         lines.append("{s:{c}^50}".format(s=f" {title} ", c="-"))
-        for stat in ("mean", "median", "p99"):
-            lines.append(row(f"{stat.capitalize() if stat != 'p99' else 'P99'} "
-                             f"{key.upper()} (ms):", s[f"{stat}_{key}_ms"]))
+        stats = [("Mean", "mean"), ("Median", "median")] + [
+            (f"P{pct_word(p)}", f"p{pct_word(p)}") for p in percentiles]
+        for label, stat in stats:
+            lines.append(row(f"{label} {key.upper()} (ms):", s[f"{stat}_{key}_ms"]))
     if s["errors_by_status"]:
         lines.append(row("Errors:", ", ".join(f"{k}: {v}" for k, v in
                                               sorted(s["errors_by_status"].items()))))

@@ -412,6 +412,12 @@ class AsyncEngine:
             raise RuntimeError(res.error)
         return res.result
 
+    async def reset_counters(self) -> None:
+        """Zero the core's counters (prefix-cache lookups, tokens, steps) and take the
+        fresh stats: what ran so far (the warm-up) stays out of the metrics. Once, at
+        startup, with no request open."""
+        self.stats = CoreStats(**await self.call_utility("reset_counters"))
+
     # -- what the core sends -------------------------------------------------------------
     async def _read(self) -> None:
         sock, dec = self._sock, self._dec

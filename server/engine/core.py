@@ -473,10 +473,17 @@ class EngineCore:
         start from nothing). Only with no request in the engine."""
         assert not self.has_unfinished_requests()
         self.kv.reset_prefix_cache()
+        self.reset_counters()
+
+    def reset_counters(self) -> CoreStats:
+        """Zero what the metrics count (prefix-cache lookups, preemptions, steps,
+        tokens) and return the stats as they then stand. The API server calls it once,
+        after its own warm-up request, before it takes any request."""
         self.kv.stats = CacheStats()
         self.scheduler.num_preemptions = 0
         self.num_steps = self.num_overlapped_steps = 0
         self.prompt_tokens_computed = self.generation_tokens = 0
+        return self.stats()
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do on one device)."""

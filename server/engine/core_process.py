@@ -27,7 +27,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import zmq
@@ -40,7 +42,7 @@ from pagefleet.server.engine.protocol import (CoreAbort, CoreError, CoreFailure,
 log = logging.getLogger("pagefleet.engine.core")
 
 SHUTDOWN = "shutdown"
-UTILITIES = ("counters", "check_whole", "stats", "parallel_info")
+UTILITIES = ("counters", "check_whole", "stats", "parallel_info", "reset_counters")
 
 
 class CoreStartupError(RuntimeError):
@@ -303,7 +305,11 @@ class ServedEngine:
     """What the API process holds for one served model: the running core process, its
     limits, and the tokenizer and generation defaults (loaded here, not in the core)."""
 
-    def __init__(self, config: EngineConfig, model_dir: str | Path, usage: str = "server") -> None:
+    def __init__(self, config: EngineConfig, model_dir: str | Path, usage: str = "server",
+                 check_tokenizer: Callable[[Any], None] | None = None) -> None:
+        """`check_tokenizer(tokenizer)` runs once the tokenizer is loaded and before the
+        core starts (the weights load): what it raises, a ConfigError say, costs
+        seconds instead of a whole model load."""
         from pagefleet.server.engine.engine import eos_token_ids, load_tokenizer
         from pagefleet.server.models.config import ModelConfig, generation_defaults
 
@@ -311,6 +317,8 @@ class ServedEngine:
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir, config.hf_overrides)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
+        if check_tokenizer is not None:
+            check_tokenizer(self.tokenizer)
         self.generation_defaults = generation_defaults(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_cfg, self.tokenizer)
         self.core = CoreProcess(config, self.model_dir, self.eos_token_ids, usage)

@@ -11,7 +11,8 @@ queue dispatches the most urgent first, critical requests only reach it when the
 has no capacity at all.
 
 Rate limits are token buckets per API key (requests per second and a burst), with
-per-key overrides from the API keys file; requests without a key share one bucket.
+per-key overrides from the API keys file; requests without a key get one bucket per
+client address.
 """
 
 from __future__ import annotations

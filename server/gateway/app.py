@@ -238,11 +238,19 @@ class Gateway:
         """API key check and rate limit; returns the key's name for logs."""
         token = bearer(request)
         info = self.authenticate(request)
-        key_id = f"name:{info.name}" if info else (f"token:{token}" if token else "anonymous")
+        if info or token:
+            key_id, whose = (f"name:{info.name}" if info else f"token:{token}"), "this API key"
+        else:
+            # Keyless clients: one bucket per address (the peer's, or X-Forwarded-For's
+            # from a --forwarded-allow-ips proxy, resolved by uvicorn), as nginx's
+            # limit_req on $binary_remote_addr: one client cannot spend the others' share.
+            host = request.client.host if request.client else ""
+            key_id, whose = f"addr:{host}", "this client address (requests without an API " \
+                "key are limited per client address)"
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())
         if wait > 0:
             self.metrics.rejected("", "rate_limited")
-            raise APIError(429, "rate limit exceeded for this API key; retry later", None,
+            raise APIError(429, f"rate limit exceeded for {whose}; retry later", None,
                            {"Retry-After": retry_after_header(wait)})
         return info.name if info else "-"
 

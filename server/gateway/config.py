@@ -56,10 +56,16 @@ class GatewayConfig:
                                         "this (lower = more urgent, as vLLM's 'priority') "
                                         "are never refused for a full queue.")
     retry_after: int = opt(1, "Retry-After seconds sent with a full-queue 429.")
-    rate_limit: float | None = opt(None, "Requests per second per API key (token bucket); "
+    rate_limit: float | None = opt(None, "Requests per second per API key (token bucket), "
+                                   "and per client address for requests without a key; "
                                    "off when unset. Keys may override in --api-keys-file.")
     rate_limit_burst: float | None = opt(None, "Token bucket size (default: the rate, at "
                                          "least 1).")
+    forwarded_allow_ips: str | None = opt(
+        None, "Comma-separated addresses or networks (CIDR) of the proxies in front whose "
+        "X-Forwarded-For header names the client (the rate limit of requests without an "
+        "API key is per client address). Unset: the header is ignored and the peer address "
+        "counts, loopback included; '*' trusts every peer.")
     api_keys_file: str | None = opt(None, "YAML list of accepted API keys with optional "
                                     "per-key rate limits; when set, /v1/* needs one.")
     health_interval: float = opt(1.0, "Seconds between health checks (/health and "

@@ -92,7 +92,12 @@ def run_gateway(cfg: GatewayConfig) -> int:
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.uvicorn_log_level,
                             lifespan="on", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                            timeout_keep_alive=cfg.timeout_keep_alive)
+                            timeout_keep_alive=cfg.timeout_keep_alive,
+                            # X-Forwarded-For only from the proxies named: uvicorn's
+                            # default trusts loopback, which would let any local client
+                            # pick its rate-limit bucket.
+                            proxy_headers=bool(cfg.forwarded_allow_ips),
+                            forwarded_allow_ips=cfg.forwarded_allow_ips or "")
     server = _server_class()(config)
     # Bind here, as `pagefleet serve` does, so the log names the port really taken
     # (--port 0 picks a free one) and a port in use is a one-line error.

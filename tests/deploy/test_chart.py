@@ -290,7 +290,8 @@ SERVER_METRICS = {
     *{f"{h}_{s}" for h in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
                            "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
       for s in ("bucket", "sum", "count")},
-    "vllm:cache_config_info",
+    "vllm:cache_config_info", "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total", "http_requests_total",
 }
 OTHER_METRICS = {"up", "prober_probe_total"}  # Prometheus' own and the kubelet's
 
@@ -337,6 +338,11 @@ def test_alerts_are_the_ones_production_runs(helm_bin: str, tmp_path: Path) -> N
     # the pods pagefleet's ServiceMonitor scrapes.
     assert re.search(r'\) > 5\)\s+and on \(namespace, pod\) up\{job="pagefleet"\}$', health["expr"]), health["expr"]
     assert "up{" in alerts["PagefleetServerDown"]["expr"]
+    # Seed 002: "dropped requests/s > 10": the servers' 429s and 503s, per Service.
+    rejected = alerts["PagefleetRequestsRejected"]
+    assert re.search(r'rate\(http_requests_total\{job="pagefleet",\s*status=~"429\|503"\}\[1m\]\)\)\s*> 10$',
+                     rejected["expr"]), rejected["expr"]
+    assert rejected["for"] == "2m" and "sum by (namespace, service)" in rejected["expr"]
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
@@ -347,11 +353,14 @@ def test_alerts_are_the_ones_production_runs(helm_bin: str, tmp_path: Path) -> N
     # Thresholds are values.
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"monitoring": {"prometheusRule": {
-        "enabled": True, "kvCacheUsage": {"threshold": 0.9}, "ttftP99": {"for": "10m"}}}}))
+        "enabled": True, "kvCacheUsage": {"threshold": 0.9}, "ttftP99": {"for": "10m"},
+        "rejections": {"perSecond": 2.5, "for": "5m"}}}}))
     tuned = _kinds(render.render(include_crds=False, helm_path=helm_bin, values_files=[values]))
     rules = {r["alert"]: r for g in tuned["PrometheusRule"][0]["spec"]["groups"] for r in g["rules"]}
     assert rules["PagefleetKVCacheNearlyFull"]["expr"].endswith("> 0.9")
     assert rules["PagefleetTTFTP99High"]["for"] == "10m"
+    assert rules["PagefleetRequestsRejected"]["expr"].endswith("> 2.5")
+    assert rules["PagefleetRequestsRejected"]["for"] == "5m"
 
 
 def test_servicemonitor_selects_the_operators_services(helm_bin: str) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,8 @@ from pagefleet.server.bench.cli import main as bench_main
 from pagefleet.server.bench.datasets import random_dataset
 from pagefleet.server.bench.report import RequestResult, format_report, summarize
 from tests.server.helpers_serve import ThreadServer, metric
+
+PAGEFLEET = str(Path(sys.executable).with_name("pagefleet"))
 
 FIGURES = ["completed", "failed", "duration", "request_throughput", "output_throughput",
            "total_token_throughput", "total_input_tokens", "total_output_tokens"] + [
@@ -109,3 +114,63 @@ def test_summary_percentiles():
     assert s["completed"] == 3 and s["failed"] == 1 and s["errors_by_status"] == {"429": 1}
     assert s["median_ttft_ms"] == pytest.approx(200) and s["mean_tpot_ms"] == pytest.approx(100)
     assert s["request_throughput"] == 1.5 and s["output_throughput"] == 7.5
+
+
+def test_vllm_bench_serve_flags_run_with_the_same_meaning(srv, tmp_path, capsys):
+    """A `vllm bench serve` command line (audit G8): --host/--port instead of a URL,
+    --backend openai-chat picks the chat endpoint, --tokenizer is accepted (the server
+    sizes the prompts), --save-result --result-dir --result-filename write the JSON,
+    --percentile-metrics/--metric-percentiles pick the report's rows and the p{X} keys,
+    --random-prefix-len and --metadata as vLLM's."""
+    rc = bench_main(["serve", "--backend", "openai-chat", "--host", "127.0.0.1",
+                     "--port", str(srv.port), "--model", "tiny", "--tokenizer", "some/tokenizer",
+                     "--dataset-name", "random", "--random-input-len", "16",
+                     "--random-output-len", "4", "--random-prefix-len", "8", "--num-prompts", "4",
+                     "--ignore-eos", "--burstiness", "1.0", "--save-result",
+                     "--result-dir", str(tmp_path / "res"), "--result-filename", "run.json",
+                     "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99.9",
+                     "--metadata", "tag=seed000", "--disable-tqdm"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "--tokenizer" in err and "server's tokenizer" in err
+    data = json.loads((tmp_path / "res" / "run.json").read_text())
+    assert data["completed"] == 4 and data["endpoint"] == "/v1/chat/completions"
+    assert data["backend"] == "openai-chat" and data["base_url"] == srv.url
+    assert data["prefix_len"] == 8 and data["tag"] == "seed000"
+    assert data["p50_ttft_ms"] > 0 and data["p99.9_e2el_ms"] >= data["p50_e2el_ms"]
+    assert "P50 TTFT (ms)" in out and "P99.9 E2EL (ms)" in out
+    assert "TPOT (ms)" not in out and "ITL (ms)" not in out     # not asked for
+    # --save-result alone: vLLM's file name, in the working directory.
+    capsys.readouterr()
+    rc = bench_main(["serve", "--port", str(srv.port), "--num-prompts", "2",
+                     "--random-input-len", "8", "--random-output-len", "2", "--max-concurrency",
+                     "2", "--save-result", "--result-dir", str(tmp_path / "named"),
+                     "--disable-tqdm"])
+    assert rc == 0
+    (saved,) = (tmp_path / "named").iterdir()
+    assert saved.name.startswith("vllm-infqps-concurrency2-tiny-") and saved.suffix == ".json"
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--tokenizer", "x", "--input-len", "512", "--output-len", "256", "--max-num-seqs", "32",
+      "--max-num-batched-tokens", "4096"],
+     ["--input-len: use --random-input-len", "--output-len: use --random-output-len",
+      "--max-num-seqs: a server flag", "--max-num-batched-tokens: a server flag"]),
+    (["--dataset-path", "sharegpt.json"], ["--dataset-path: only the synthetic datasets"]),
+    (["--goodput=ttft:100"], ["--goodput: not a pagefleet bench serve flag"]),
+    (["--burstiness", "0.5"], ["--burstiness 0.5: only 1.0"]),
+    (["--backend", "openai-chat", "--endpoint", "/v1/completions"],
+     ["--backend openai-chat sends to /v1/chat/completions"]),
+    (["--percentile-metrics", "ttft,goodput"], ["--percentile-metrics ttft,goodput: choose"]),
+])
+def test_flags_without_a_counterpart_are_refused_by_name(argv, needles):
+    """Seed 000's `vllm bench serve ... --input-len 512 ... --max-num-seqs 32` used to
+    get argparse's bare 'unrecognized arguments'; now each flag is named with what to
+    use instead, before any request is sent (the port here is closed)."""
+    proc = subprocess.run([PAGEFLEET, "bench", "serve", "--port", "9", *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("pagefleet bench serve: error: "), proc.stderr
+    assert "unrecognized arguments" not in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr

@@ -285,3 +285,34 @@ def test_a_trickling_client_does_not_hold_the_loading_responder() -> None:
         t.join()
         responder.stop()
         sock.close()
+
+
+def test_a_reasoning_parser_the_tokenizer_cannot_support_is_a_startup_error(model_dir, tmp_path):
+    """`--reasoning-parser` needs `</think>` as one token: a tokenizer without it is a
+    one-line `pagefleet serve: error:` with exit code 2, like the other configuration
+    errors, found from the tokenizer before the weights load (audit G7: it was a
+    traceback after the load and the warm-up, exit code 1)."""
+    for parser in ("deepseek_r1", "qwen3"):
+        proc = subprocess.run([PAGEFLEET, "serve", str(model_dir), "--reasoning-parser", parser,
+                               "--max-model-len", "256", "--host", "127.0.0.1", "--port", "0"],
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 2, proc.stderr
+        assert f"pagefleet serve: error: --reasoning-parser {parser}: the tokenizer has no " \
+            "single token for '</think>'" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "Model weights:" not in proc.stderr and "KV cache:" not in proc.stderr
+
+    # A tokenizer that has the tags passes the same check and serves.
+    think = tiny_think_model(tmp_path)
+    srv = SubprocessServer([str(think), "--reasoning-parser", "qwen3", "--max-model-len", "256",
+                            "--kv-cache-memory", str(16 << 20)], tmp_path / "think.log")
+    try:
+        srv.wait_ready()
+    finally:
+        srv.close()
+
+
+def tiny_think_model(tmp_path):
+    from pagefleet.server.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path / "think", "qwen3", added_tokens=("<think>", "</think>"))
