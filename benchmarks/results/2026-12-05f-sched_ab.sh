@@ -17,7 +17,7 @@ for side in before after; do
   if [ $side = before ]; then ln -sfn "$PWD/benchmarks/_before/server" /tmp/pf/pagefleet/server
   else ln -sfn "$PWD/server" /tmp/pf/pagefleet/server; fi
   echo "== $side: $(readlink /tmp/pf/pagefleet/server)"
-  timeout 230 python3 benchmarks/online_bench.py --server pagefleet --model "$M" --workloads mixed,u64 --scale ${SCALE:-0.5} \
+  timeout 230 python3 benchmarks/online_bench.py --server pagefleet --model "$M" --workloads ${WORKLOADS:-mixed,u64} --scale ${SCALE:-0.5} \
       --out "$OUT/online_$side.json" --server-log "$OUT/server_$side.log" > "$OUT/bench_$side.log" 2>&1
   echo "rc $?"; grep -v "^\[" "$OUT/bench_$side.log" | tail -14
 done
