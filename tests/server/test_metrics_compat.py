@@ -73,7 +73,8 @@ def test_http_requests_total_counts_rejections(srv):
     # 404s on made-up paths share one handler label ("none"), whatever the path.
     for path in ("/v1/nothing-here", "/a/b/c", "/x?y=1"):
         assert httpx.get(srv.url + path).status_code == 404
-    # 429: stop the core, let two requests wait, the third finds the queue full.
+    # 429: stop the core; the 4 free rows and the queue of 2 fill (the free rows'
+    # share of a burst is not queued), the seventh finds the queue full.
     core = srv.served.core.proc.pid
     os.kill(core, signal.SIGSTOP)
     try:
@@ -81,11 +82,11 @@ def test_http_requests_total_counts_rejections(srv):
             import threading
 
             waiting = [threading.Thread(target=_gen, args=(srv, f"waiting {i}"), daemon=True)
-                       for i in range(2)]
+                       for i in range(6)]
             for t in waiting:
                 t.start()
-            wait_for(lambda: metric(srv.metrics(), "vllm:num_requests_waiting") == 2, 60,
-                     what="two waiting requests")
+            wait_for(lambda: metric(srv.metrics(), "vllm:num_requests_waiting") == 6, 60,
+                     what="six waiting requests")
             r = c.post(srv.url + "/v1/completions",
                        json={"model": "tiny", "prompt": "one too many", "max_tokens": 4})
             assert r.status_code == 429, r.text
@@ -100,7 +101,7 @@ def test_http_requests_total_counts_rejections(srv):
 
     assert delta(status="400", **comp) == 1
     assert delta(status="429", **comp) == 1
-    assert delta(status="200", **comp) == 2
+    assert delta(status="200", **comp) == 6
     assert delta(handler="none", method="GET", status="404") == 3
     assert "/a/b/c" not in after and "/v1/nothing-here" not in after
     # Probes and scrapes are not counted (as vLLM's instrumentator excludes them).
