@@ -235,7 +235,8 @@ class OpenAIServing:
         while none of its choices runs, and siblings that queue behind the running ones
         (n above --max-num-seqs) are never cut off mid-request."""
         per = prep.best_of
-        self.engine.check_admission(len(prep.prompts) * per)
+        self.engine.check_admission(len(prep.prompts) * per,
+                                    sum(len(ids) for ids in prep.prompts) * per)
         notify = asyncio.Event()
         group = RequestGroup()
         streams: list[RequestStream] = []

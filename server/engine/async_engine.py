@@ -212,6 +212,7 @@ class AsyncEngine:
         # the waiting gauge it leaves out preempted requests, which were admitted and
         # will resume; counting them made 429s follow the KV pressure of running work.
         self.num_unscheduled = 0
+        self.unscheduled_blocks = 0   # their prompts' KV blocks (the burst credit's check)
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task | None = None
@@ -258,13 +259,28 @@ class AsyncEngine:
 
     @property
     def num_queued(self) -> int:
-        """Requests the admission limit counts: accepted, never scheduled, beyond the
-        batch rows that are free. A burst that arrives together at an idle server sits
-        in the core's queue only until the next step takes it: those requests are not
-        waiting for capacity, and counting them made 7 requests at once a 429 on a
-        server with 8 free rows and a cap of 6."""
+        """Requests the admission limit counts: accepted and never scheduled, less
+        the ones the next step can take (`_burst_credit`)."""
+        return max(0, self.num_unscheduled - self._burst_credit(0, 0))
+
+    def _burst_credit(self, n: int, blocks: int) -> int:
+        """How many never-scheduled requests (those accepted so far plus `n` more,
+        whose prompts need `blocks` more KV blocks) the next step takes: the free batch
+        rows, when the core had no backlog at its last step (else 0), and no more than
+        the share of their prompts that the free KV blocks hold. A burst at an idle server sits in the core's queue
+        only until that step, so it is not waiting for capacity (counting it made 7
+        requests at once a 429 with 8 free rows and a cap of 6), while a server that
+        the KV pool binds gives no credit and the cap holds."""
+        st = self.stats
+        if st is not None and st.num_waiting > 0:
+            return 0      # the core left requests unscheduled: it is out of room
         free_rows = max(0, self.info.max_num_seqs - self.num_running)
-        return max(0, self.num_unscheduled - free_rows)
+        free_blocks = st.free_blocks if st is not None else self.info.num_blocks
+        need = self.unscheduled_blocks + blocks
+        if need <= free_blocks:
+            return free_rows
+        # The prompts outgrow the free blocks: about that share of them fits.
+        return min(free_rows, (self.num_unscheduled + n) * free_blocks // need)
 
     @property
     def num_open(self) -> int:
@@ -287,8 +303,8 @@ class AsyncEngine:
         return len(left)
 
     # -- requests --------------------------------------------------------------------
-    def check_admission(self, n: int = 1) -> None:
-        """Raise if `n` more requests cannot be admitted right now."""
+    def check_admission(self, n: int = 1, prompt_tokens: int = 0) -> None:
+        """Raise if `n` more requests (`prompt_tokens` in all) cannot be admitted now."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine is not running: {self._dead}")
         if self._draining or self._stopping:
@@ -297,11 +313,14 @@ class AsyncEngine:
             raise RequestRejected(
                 f"the request holds {n} prompts, more than the server's whole queue "
                 f"(--max-num-queued-requests {self.max_num_queued_requests}); split it", "prompt")
-        free_rows = max(0, self.info.max_num_seqs - self.num_running)
-        if max(0, self.num_unscheduled + n - free_rows) > self.max_num_queued_requests:
+        credit = self._burst_credit(n, self._blocks(prompt_tokens) if prompt_tokens else n)
+        if max(0, self.num_unscheduled + n - credit) > self.max_num_queued_requests:
             raise QueueFullError(
                 f"the server's queue is full ({self.num_queued} requests waiting, "
                 f"--max-num-queued-requests {self.max_num_queued_requests}); retry later")
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.info.block_size)
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
             priority: int = 0, notify: asyncio.Event | None = None,
@@ -313,7 +332,7 @@ class AsyncEngine:
 
         The requests of one HTTP request pass one `group`: they share its queue timeout
         (armed by the first member added). Without one the request is its own group."""
-        self.check_admission()
+        self.check_admission(1, len(prompt_ids))
         if request_id in self._streams:
             raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
         arrival = arrival_time or time.time()
@@ -327,6 +346,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self.num_waiting += 1
         self.num_unscheduled += 1
+        self.unscheduled_blocks += self._blocks(stream.prompt_len)
         group.request_ids.append(request_id)
         group.open += 1
         if self.queue_timeout and group.timer is None and not group.started:
@@ -452,6 +472,7 @@ class AsyncEngine:
                 stream.scheduled_time = now
                 self.num_waiting -= 1
                 self.num_unscheduled -= 1
+                self.unscheduled_blocks -= self._blocks(stream.prompt_len)
                 self.num_running += 1
                 stream.group.started = True
                 stream.group.disarm()
@@ -553,6 +574,7 @@ class AsyncEngine:
             self.num_waiting -= 1
         if stream.scheduled_time is None:
             self.num_unscheduled -= 1
+            self.unscheduled_blocks -= self._blocks(stream.prompt_len)
         stream.group.open -= 1
         if stream.group.open == 0:
             stream.group.disarm()

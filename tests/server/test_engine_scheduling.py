@@ -172,9 +172,10 @@ def test_preempted_requests_do_not_fill_the_admission_queue(model):
         await until(lambda: eng.num_waiting >= 3, "preemptions")
         assert eng.num_unscheduled == 0
         eng.check_admission(3)          # raised QueueFullError: "5 requests waiting"
-        # The limit still holds for new requests: the free rows, then the 3 it allows.
-        free_rows = 16 - eng.num_running
-        probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(free_rows + 3)]
+        # The limit still holds for new requests, free rows or not: the core has a
+        # backlog (preempted requests), so nothing it is sent is taken at once.
+        assert eng.stats.num_waiting > 0 and eng.num_running < 16
+        probes = [eng.add(f"p{i}", [300 + i], greedy(1)) for i in range(3)]
         with pytest.raises(Exception, match="queue is full"):
             eng.check_admission(1)
         done = streams + probes
@@ -186,12 +187,13 @@ def test_preempted_requests_do_not_fill_the_admission_queue(model):
 
 def test_a_burst_that_fits_the_free_rows_is_not_queued(model):
     """Requests that arrive together at an idle server wait in the core's queue only
-    until the next step: they are not queued for capacity. With 16 free rows and a cap
-    of 3, 19 at once are admitted (the 4th was a 429), and the 20th is refused."""
+    until the next step: they are not queued for capacity. 16 free rows, but 10 KV
+    blocks: ten one-block prompts fit, so with a cap of 3, 13 at once are admitted (the
+    4th was a 429) and the 14th is refused (with the rows alone as credit, 19 were)."""
     async def main(eng):
         streams = []
-        for i in range(16 + 3):
-            eng.check_admission(1)
+        for i in range(10 + 3):
+            eng.check_admission(1, 1)
             streams.append(eng.add(f"b{i}", [5 + i], greedy(2)))
         assert eng.num_queued == 3
         with pytest.raises(Exception, match="queue is full"):
