@@ -86,7 +86,8 @@ def _is_number(x, above: float) -> bool:
 def apply_hf_overrides(cfg: dict, overrides: dict) -> dict:
     """config.json with vLLM's --hf-overrides applied: each key replaced as a whole (a
     rope dict is not merged into the checkpoint's; `rope_scaling` replaces transformers
-    v5's `rope_parameters` too, so `"rope_scaling": null` turns scaling off). The rope
+    v5's `rope_parameters` too, so `"rope_scaling": null` turns scaling off, and
+    `rope_parameters` replaces `rope_scaling`). The rope
     theta stays the checkpoint's unless `rope_theta` is overridden, which then also
     replaces the one inside a rope dict (read first otherwise)."""
     if not overrides:
@@ -95,8 +96,12 @@ def apply_hf_overrides(cfg: dict, overrides: dict) -> dict:
     out = dict(cfg)
     for key, value in overrides.items():
         out[key] = dict(value) if isinstance(value, dict) else value
+    # One rope dict wins: the one overridden replaces the checkpoint's other spelling
+    # (a Llama 3 config.json's llama3 rope_scaling would otherwise be read first).
     if "rope_scaling" in overrides and "rope_parameters" not in overrides:
         out.pop("rope_parameters", None)
+    if "rope_parameters" in overrides and "rope_scaling" not in overrides:
+        out.pop("rope_scaling", None)
     if "rope_theta" in overrides:
         for key in ("rope_scaling", "rope_parameters"):
             if isinstance(out.get(key), dict) and "rope_theta" in out[key]:

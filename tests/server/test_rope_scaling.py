@@ -149,6 +149,19 @@ def test_hf_overrides_keep_or_replace_the_theta_of_a_v5_config(tmp_path):
     assert (cfg.rope_theta, cfg.rope_scaling["rope_type"]) == (10000.0, "yarn")
 
 
+def test_hf_overrides_rope_parameters_replace_a_checkpoints_rope_scaling(tmp_path):
+    """A Llama 3 config.json carries a llama3 rope_scaling; overriding the v5 spelling
+    `rope_parameters` with yarn must take effect (rope_scaling was read first and the
+    override silently did nothing), keeping the checkpoint's theta."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model_dir = write_config(tmp_path, arch="llama", rope_theta=500000.0, rope_scaling=llama3)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    cfg = ModelConfig.from_dir(model_dir, json.dumps({"rope_parameters": yarn}))
+    assert (cfg.rope_theta, cfg.rope_scaling["rope_type"]) == (500000.0, "yarn")
+    assert cfg.context_limit()[0] == 1024
+
+
 @pytest.mark.parametrize("override,words", [
     ("{not json", "--hf-overrides: not JSON"),
     ('["rope_scaling"]', "--hf-overrides: expected a JSON object"),
