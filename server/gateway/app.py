@@ -236,17 +236,18 @@ class Gateway:
 
     def check_key(self, request: Request) -> str:
         """API key check and rate limit; returns the key's name for logs."""
-        token = bearer(request)
         info = self.authenticate(request)
-        if info or token:
-            key_id, whose = (f"name:{info.name}" if info else f"token:{token}"), "this API key"
+        if info:
+            key_id, whose = f"name:{info.name}", "this API key"
         else:
-            # Keyless clients: one bucket per address (the peer's, or X-Forwarded-For's
-            # from a --forwarded-allow-ips proxy, resolved by uvicorn), as nginx's
-            # limit_req on $binary_remote_addr: one client cannot spend the others' share.
+            # Clients without a verified key (none sent, or no --api-keys-file to check
+            # one against: a made-up token per request must not buy a fresh bucket):
+            # one bucket per address (the peer's, or X-Forwarded-For's from a
+            # --forwarded-allow-ips proxy, resolved by uvicorn), as nginx's limit_req on
+            # $binary_remote_addr: one client cannot spend the others' share.
             host = request.client.host if request.client else ""
-            key_id, whose = f"addr:{host}", "this client address (requests without an API " \
-                "key are limited per client address)"
+            key_id, whose = f"addr:{host}", "this client address (requests without a " \
+                "verified API key are limited per client address)"
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())
         if wait > 0:
             self.metrics.rejected("", "rate_limited")
