@@ -24,8 +24,12 @@ replica whose KV cache (or token budget) binds before maxNumSeqs queues requests
 while its running + waiting is still below target, so the HPA rule alone would let
 a queue of hundreds build before adding a replica. When replicas have queued for
 SATURATION_SUSTAIN_S (seed 000's alert: "waiting above 0 for 10 s means saturated:
-scale out"), their running count is taken as what a replica really holds, and the
-fleet is sized for the load at that capacity if that asks for more.
+scale out"), their running count is learned as what a replica really holds (the
+capacity) and used as the target, in both directions: a target that snapped back to
+maxNumSeqs once the queue drained would shrink the fleet, which would queue again (a
+5 -> 2 -> 5 flap every scale-down window). The capacity is measured again whenever
+replicas queue for the window, and rises when a replica runs more than it without a
+queue (a shorter workload, or one measured low).
 
 Time is passed in (wall-clock epoch seconds, so the history can be kept in the
 status across operator restarts), so tests drive it.
@@ -80,6 +84,7 @@ class Decision:
     reason: str                           # one line for the Event and the log
     scale_ups: tuple[ScaleUp, ...] = ()   # to pass to the next evaluation
     saturated_since: float | None = None  # to pass to the next evaluation
+    capacity: float | None = None         # learned running per replica; to pass on
 
 
 def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
@@ -158,33 +163,56 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def describe(policy: AutoscalingSpec, total: float) -> str:
-    """`14 waiting, target 5 per replica` / `concurrency 180, target 96 per replica`."""
+def describe(policy: AutoscalingSpec, total: float, target: float | None = None) -> str:
+    """`14 waiting, target 5 per replica` / `concurrency 180, target 96 per replica` /
+    `concurrency 300, target 60 per replica (learned; 256 configured)`."""
     if policy.metric == crd.METRIC_WAITING:
         return f"{_fmt(total)} waiting, target {_fmt(policy.target)} per replica"
-    return f"{policy.metric} {_fmt(total)}, target {_fmt(policy.target)} per replica"
+    learned = target is not None and target < policy.target
+    return (f"{policy.metric} {_fmt(total)}, target {_fmt(target if learned else policy.target)} "
+            f"per replica" + (f" (learned; {_fmt(policy.target)} configured)" if learned else ""))
+
+
+def learn_capacity(samples: Sequence[PodSample], policy: AutoscalingSpec, now: float,
+                   saturated_since: float | None, capacity: float | None, extra: float = 0.0
+                   ) -> tuple[float | None, float | None, str]:
+    """(since, capacity, note) for the concurrency metric: `since` when the ready pods
+    have queued (None: no queue), the learned running per replica (None: none learned,
+    the configured target holds), a note for the Event while a queue is not yet old
+    enough to act on."""
+    saturation = saturation_replicas(samples, policy.target, extra)
+    if saturation is None:
+        if capacity is not None:
+            busiest = max((s.values[RUNNING] for s in samples if s.ready and RUNNING in s.values),
+                          default=0.0)
+            if busiest > capacity:       # runs more than learned without a queue
+                capacity = min(policy.target, busiest)
+        return None, capacity, ""
+    since = now if saturated_since is None else saturated_since
+    if now - since >= SATURATION_SUSTAIN_S:
+        return since, saturation[1], (f" (replicas have queued for {now - since:.0f}s running "
+                                      f"{_fmt(round(saturation[1], 1))} each: sized at that capacity)")
+    return since, capacity, (f" (replicas queueing for {now - since:.0f}s; sizing at their "
+                             f"running count at {SATURATION_SUSTAIN_S:g}s)")
 
 
 def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recommendation],
            policy: AutoscalingSpec, now: float, scale_ups: Sequence[ScaleUp] = (),
-           extra: float = 0.0, saturated_since: float | None = None) -> Decision:
+           extra: float = 0.0, saturated_since: float | None = None,
+           capacity: float | None = None) -> Decision:
     """One autoscaler evaluation. With minReplicas 0 this rule never goes below 1:
     only `scale_to_zero` (idle for the window) takes a model to zero.
-    `saturated_since`: the previous evaluation's, when the pods have queued since."""
+    `saturated_since`, `capacity`: the previous evaluation's (`learn_capacity`)."""
     floor = max(1, policy.min_replicas)
-    raw = metric_replicas(samples, current, policy.target, extra=extra)
-    saturation = (saturation_replicas(samples, policy.target, extra)
-                  if policy.metric == crd.METRIC_CONCURRENCY else None)
-    since = None if saturation is None else (now if saturated_since is None else saturated_since)
-    saturated_note = ""
-    if saturation is not None and saturation[0] > max(raw, current):
-        if now - since >= SATURATION_SUSTAIN_S:
-            raw = saturation[0]
-            saturated_note = (f" (replicas have queued for {now - since:.0f}s running "
-                              f"{_fmt(round(saturation[1], 1))} each: sized at that capacity)")
-        else:
-            saturated_note = (f" (replicas queueing for {now - since:.0f}s; scaling out at "
-                              f"{SATURATION_SUSTAIN_S:g}s)")
+    since, saturated_note, target = None, "", policy.target
+    if policy.metric == crd.METRIC_CONCURRENCY:
+        since, capacity, saturated_note = learn_capacity(samples, policy, now, saturated_since,
+                                                         capacity, extra)
+        if capacity is not None:
+            target = min(target, capacity)
+    else:
+        capacity = None
+    raw = metric_replicas(samples, current, target, extra=extra)
     recommendation = max(floor, min(policy.max_replicas, raw))
     stabilized, new_history = stabilize(current, recommendation, history, now,
                                         policy.scale_up_stabilization_seconds,
@@ -200,7 +228,7 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
         recent += (ScaleUp(now, replicas - current),)
     reported = [s.value for s in samples if s.ready and s.value is not None]
     total = float(sum(reported)) + (extra if reported else 0.0)
-    why = describe(policy, total)
+    why = describe(policy, total, target)
     if extra and reported:
         why += f" (incl. {_fmt(extra)} held in the gateway)"
     why += saturated_note
@@ -221,7 +249,7 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     reason = f"scaled {current} -> {replicas}: {why}" if replicas != current else f"holding {current}: {why}"
     return Decision(replicas=replicas, recommendation=recommendation, waiting=total,
                     reported=len(reported), history=new_history, reason=reason,
-                    scale_ups=recent, saturated_since=since)
+                    scale_ups=recent, saturated_since=since, capacity=capacity)
 
 
 @dataclass(frozen=True)

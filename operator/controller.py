@@ -65,6 +65,7 @@ class State:
     gateway_ok: bool | None = None      # last word from the gateway (minReplicas 0), for its Events
     idle_start: float | None = None     # scale to zero: the idle window counts from here at least
     saturated_since: float | None = None  # concurrency: since when the replicas have queued
+    capacity: float | None = None         # concurrency: learned running per replica
     pool_warning: str | None = None     # one Warning Event per distinct InferencePool problem
     deleting: bool = False              # set by the delete handler: stop touching children
 
@@ -592,9 +593,9 @@ async def _autoscale(kube: KubeClient, body: Mapping[str, Any], state: State, se
     else:
         held = signal.waiting if signal and policy.metric in (crd.METRIC_CONCURRENCY, crd.METRIC_WAITING) else 0.0
         decision = autoscale.decide(samples, current, state.history, policy, now, state.scale_ups, extra=held,
-                                    saturated_since=state.saturated_since)
+                                    saturated_since=state.saturated_since, capacity=state.capacity)
     state.history, state.scale_ups = decision.history, decision.scale_ups
-    state.saturated_since = decision.saturated_since
+    state.saturated_since, state.capacity = decision.saturated_since, decision.capacity
     if decision.replicas != current:
         deployment = await kube.patch(deployment_path(spec.namespace, spec.child_name),
                                       {"spec": {"replicas": decision.replicas}})

@@ -283,3 +283,44 @@ def test_saturation_rule_is_only_for_the_concurrency_metric() -> None:
     sample = PodSample(s.pod, True, 120.0, s.values)
     d = decide([sample], 1, seed_history(1, 0), waiting, 30.0, saturated_since=0.0)
     assert d.replicas == 1 and d.saturated_since is None, d.reason
+
+
+def _steady_load(load: float, holds: float, replicas: int) -> list[PodSample]:
+    """`load` concurrent requests spread evenly over `replicas` that each run `holds`."""
+    each = load / replicas
+    return [concurrency_sample(f"p{i}", min(holds, each), max(0.0, each - holds))
+            for i in range(replicas)]
+
+
+def test_a_learned_capacity_does_not_flap_the_fleet():
+    """The diff review's flap: 300 requests on replicas that hold 60 each. Sized to 5
+    by the queueing rule, the fleet then read 300 / 256 -> 2 once the queue drained and
+    shrank after the scale-down window, queued again and grew back: 5 -> 2 -> 5 every
+    ~375 s. The learned capacity is the target both ways, so it stays at 5."""
+    policy = AutoscalingSpec(enabled=True, max_replicas=10, target=256.0)
+    replicas, history, since, capacity = 1, seed_history(1, 0), None, None
+    sizes = []
+    for t in range(15, 2000, 15):
+        d = decide(_steady_load(300, 60, replicas), replicas, history, policy, float(t),
+                   saturated_since=since, capacity=capacity)
+        replicas, history, since, capacity = d.replicas, d.history, d.saturated_since, d.capacity
+        sizes.append(replicas)
+    assert sizes[-1] == 5 and capacity == 60.0
+    first = sizes.index(5)
+    assert set(sizes[first:]) == {5}, sizes
+    assert "target 60 per replica (learned; 256 configured)" in d.reason
+
+
+def test_a_learned_capacity_rises_when_a_replica_runs_more_without_a_queue():
+    """Measured low (a workload of long requests, then short ones): a replica that runs
+    more than the learned capacity with nothing queued shows it holds more, so the
+    fleet is not kept oversized at the old figure."""
+    policy = AutoscalingSpec(enabled=True, max_replicas=10, target=256.0)
+    d = decide(_steady_load(200, 40, 2), 2, seed_history(2, 0), policy, 30.0,
+               saturated_since=0.0)
+    assert d.capacity == 40.0 and d.replicas == 5                  # ceil(200 / 40)
+    # Shorter requests now: the same pods run 70 each with no queue.
+    d2 = decide(_steady_load(140, 200, 2), 2, d.history, policy, 45.0,
+                saturated_since=d.saturated_since, capacity=d.capacity)
+    assert d2.saturated_since is None and d2.capacity == 70.0
+    assert d2.recommendation == 2                                    # 140 / 70
