@@ -12,12 +12,14 @@ has no capacity at all.
 
 Rate limits are token buckets per API key (requests per second and a burst), with
 per-key overrides from the API keys file; requests without a key get one bucket per
-client address.
+client address (an IPv4 address, or an IPv6 /64), taken from the TCP peer or, behind a
+trusted proxy, from X-Forwarded-For by the right-most-untrusted rule (`TrustedProxies`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -102,6 +104,108 @@ class RateLimiter:
         while len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)
         return b.take(now)
+
+
+# -- client addresses ------------------------------------------------------------------------
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+IPV6_BUCKET_PREFIX = 64      # one bucket per IPv6 /64: a host is routinely given a whole /64
+MAX_FORWARDED_HOPS = 16      # X-Forwarded-For entries read, from the right
+
+
+def parse_ip(value: str) -> IPAddress | None:
+    """A peer host or X-Forwarded-For entry as an address (bare, IPv4 `host:port`,
+    `[IPv6]:port`; an IPv6 zone is dropped, an IPv4-mapped IPv6 address is its IPv4
+    one); None when it is not an address."""
+    v = value.strip()
+    if len(v) > 64:                                   # no address is this long
+        return None
+    if v.startswith("["):
+        end = v.find("]")
+        rest = v[end + 1:]
+        if end < 0 or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+            return None
+        v = v[1:end]
+    elif v.count(":") == 1:
+        v, _, port = v.partition(":")
+        if not port.isdigit():
+            return None
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if ip.scope_id:
+            return ipaddress.IPv6Address(int(ip))
+    return ip
+
+
+def address_key(ip: IPAddress) -> str:
+    """The rate-limit bucket of an address: the IPv4 address, or the IPv6 /64 it is in
+    (short and canonical: no client-written text is kept)."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return f"addr:{ip}"
+    shift = 128 - IPV6_BUCKET_PREFIX
+    return f"addr:{ipaddress.IPv6Network(((int(ip) >> shift) << shift, IPV6_BUCKET_PREFIX))}"
+
+
+class TrustedProxies:
+    """--forwarded-allow-ips: the peers whose X-Forwarded-For names the client.
+
+    The client is the right-most X-Forwarded-For entry that is not itself a trusted
+    proxy (each proxy appends the address it got the request from, so everything left of
+    the nearest untrusted entry was written by the client and is ignored). An entry that
+    is not an IP address ends the walk and the TCP peer counts. `*` trusts every peer to
+    be a proxy but no address in the header, so the right-most entry counts (what the
+    nearest proxy appended); CIDRs given with it are skipped as further proxy hops."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.any_peer = False
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for item in (spec or "").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item == "*":
+                self.any_peer = True
+                continue
+            try:
+                self.networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ConfigError(f"--forwarded-allow-ips: {item!r} is not an IP address "
+                                  "or network (CIDR), nor '*'") from None
+
+    @property
+    def enabled(self) -> bool:
+        return self.any_peer or bool(self.networks)
+
+    def trusts(self, ip: IPAddress) -> bool:
+        return any(ip in net for net in self.networks)
+
+    def client(self, peer: str | None, forwarded_for: Sequence[str]) -> IPAddress | None:
+        """The client's address from the TCP peer's host and the X-Forwarded-For header
+        lines; None when not even the peer is an address."""
+        peer_ip = parse_ip(peer) if peer else None
+        if peer_ip is None or not forwarded_for or not (self.any_peer
+                                                         or self.trusts(peer_ip)):
+            return peer_ip
+        entries = ",".join(forwarded_for).rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]
+        ip = peer_ip
+        for entry in reversed(entries):
+            ip = parse_ip(entry)
+            if ip is None:
+                return peer_ip              # not an address: no bucket of its own
+            if not self.trusts(ip):
+                return ip
+        return ip     # every hop read is a trusted proxy: the left-most of them
+
+
+def client_key(proxies: TrustedProxies, peer: str | None, forwarded_for: Sequence[str]) -> str:
+    """The bucket of a request without a verified API key."""
+    ip = proxies.client(peer, forwarded_for)
+    return address_key(ip) if ip is not None else f"addr:{(peer or '')[:64]}"
 
 
 def retry_after_header(wait: float) -> str:

@@ -42,6 +42,8 @@ from pagefleet.server.gateway.admission import (
     APIKeys,
     KeyInfo,
     RateLimiter,
+    TrustedProxies,
+    client_key,
     default_limit,
     retry_after_header,
 )
@@ -158,6 +160,7 @@ class Gateway:
             critical_priority=cfg.critical_priority, retry_after=cfg.retry_after,
             unhealthy_threshold=cfg.unhealthy_threshold), events=self.metrics)
         self.rate = RateLimiter(default_limit(cfg.rate_limit, cfg.rate_limit_burst))
+        self.proxies = TrustedProxies(cfg.forwarded_allow_ips)    # ConfigError if bad
         self.tokenizers = Tokenizers()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gw-prompt")
         self.client: httpx.AsyncClient | None = None
@@ -242,12 +245,17 @@ class Gateway:
         else:
             # Clients without a verified key (none sent, or no --api-keys-file to check
             # one against: a made-up token per request must not buy a fresh bucket):
-            # one bucket per address (the peer's, or X-Forwarded-For's from a
-            # --forwarded-allow-ips proxy, resolved by uvicorn), as nginx's limit_req on
-            # $binary_remote_addr: one client cannot spend the others' share.
-            host = request.client.host if request.client else ""
-            key_id, whose = f"addr:{host}", "this client address (requests without a " \
-                "verified API key are limited per client address)"
+            # one bucket per client address, as nginx's limit_req on
+            # $binary_remote_addr: one client cannot spend the others' share. The
+            # address is the peer's, or behind a --forwarded-allow-ips proxy the
+            # right-most untrusted X-Forwarded-For entry, always a parsed IP (IPv6 by
+            # its /64): the client cannot write its own key (uvicorn's proxy headers
+            # are off, as its '*' takes the left-most, client-written entry).
+            peer = request.client.host if request.client else None
+            xff = request.headers.getlist("x-forwarded-for") if self.proxies.enabled else []
+            key_id = client_key(self.proxies, peer, xff)
+            whose = "this client address (requests without a verified API key are " \
+                "limited per client address)"
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())
         if wait > 0:
             self.metrics.rejected("", "rate_limited")

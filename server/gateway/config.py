@@ -64,8 +64,11 @@ class GatewayConfig:
     forwarded_allow_ips: str | None = opt(
         None, "Comma-separated addresses or networks (CIDR) of the proxies in front whose "
         "X-Forwarded-For header names the client (the rate limit of requests without an "
-        "API key is per client address). Unset: the header is ignored and the peer address "
-        "counts, loopback included; '*' trusts every peer.")
+        "API key is per client address): the right-most entry that is not one of them "
+        "counts; an entry that is not an IP address leaves the peer's. Unset: the header "
+        "is ignored and the peer address counts, loopback included. '*' trusts every "
+        "peer and takes the right-most entry (with a warning: a client that reaches the "
+        "gateway directly then picks its address).")
     api_keys_file: str | None = opt(None, "YAML list of accepted API keys with optional "
                                     "per-key rate limits; when set, /v1/* needs one.")
     health_interval: float = opt(1.0, "Seconds between health checks (/health and "

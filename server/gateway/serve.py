@@ -93,11 +93,12 @@ def run_gateway(cfg: GatewayConfig) -> int:
                             lifespan="on", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             timeout_keep_alive=cfg.timeout_keep_alive,
-                            # X-Forwarded-For only from the proxies named: uvicorn's
-                            # default trusts loopback, which would let any local client
-                            # pick its rate-limit bucket.
-                            proxy_headers=bool(cfg.forwarded_allow_ips),
-                            forwarded_allow_ips=cfg.forwarded_allow_ips or "")
+                            # No proxy headers in uvicorn: the gateway reads
+                            # X-Forwarded-For itself, for the rate limit only
+                            # (admission.TrustedProxies). uvicorn's default trusts
+                            # loopback, and its '*' takes the left-most entry, which the
+                            # client writes, as any string.
+                            proxy_headers=False, forwarded_allow_ips="")
     server = _server_class()(config)
     # Bind here, as `pagefleet serve` does, so the log names the port really taken
     # (--port 0 picks a free one) and a port in use is a one-line error.
@@ -105,6 +106,11 @@ def run_gateway(cfg: GatewayConfig) -> int:
     if sock is None:
         return 1
     cfg.port = sock.getsockname()[1]
+    if gateway.proxies.any_peer:
+        log.warning("--forwarded-allow-ips '*': every peer may set X-Forwarded-For, so a "
+                    "client that reaches the gateway directly (not through the proxy) "
+                    "names its own address and picks its rate-limit bucket; name the "
+                    "proxies' addresses or networks (CIDR) instead where you can")
     log.info("gateway starting on %s (%s discovery, %s routing)", http_url(cfg.host, cfg.port),
              cfg.discovery, cfg.routing)
     try:

@@ -7,9 +7,15 @@ addresses (127.0.0.x). The model's only replica is never up: the rate limit is
 checked before anything else, so a request that passes it gets the 404 of an unknown
 model and one that does not gets the 429; no backend is needed to tell them apart.
 The refill rate is one token per 1000 s, so no count depends on timing.
+
+Behind a trusted proxy the client is the right-most X-Forwarded-For entry that is not
+a trusted proxy, always a parsed IP address (IPv6 by its /64): the left-most entries
+are the client's own writing, so rotating them, or writing garbage, buys no bucket.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import httpx
 import pytest
@@ -83,5 +89,58 @@ def test_forwarded_for_from_a_trusted_proxy_names_the_client(models_file, tmp_pa
         # ... and the header from an untrusted peer is ignored (its address counts).
         assert statuses(gw, 2, "127.0.0.4", **xff) == [404, 404]
         assert post(gw, "127.0.0.4", **{"X-Forwarded-For": "10.0.0.9"}).status_code == 429
+    finally:
+        gw.close()
+
+
+_n = itertools.count(1)
+
+
+def spoof() -> str:
+    """A fresh client-written address per call (what a client rotating the header sends)."""
+    i = next(_n)
+    return f"203.0.{i // 250}.{i % 250 + 1}"
+
+
+def test_forwarded_for_star_takes_the_right_most_entry_not_the_client_written_one(
+        models_file, tmp_path):
+    # '*' (e.g. ingress pods whose addresses change): the client's address is the entry
+    # the nearest proxy appended; a fresh left-most entry per request is never limited
+    # otherwise (uvicorn's '*' takes the left-most, and a proxy such as nginx's
+    # $proxy_add_x_forwarded_for keeps what the client sent).
+    gw = gateway(models_file, tmp_path, "--forwarded-allow-ips", "*")
+    try:
+        assert "--forwarded-allow-ips '*'" in gw.output()      # the startup warning
+        assert "picks its rate-limit bucket" in gw.output()
+        got = [post(gw, **{"X-Forwarded-For": f"{spoof()}, 10.0.0.1"}).status_code
+               for _ in range(4)]
+        assert got == [404, 404, 429, 429]
+        # The proxy's other clients keep their own buckets.
+        assert statuses(gw, 2, **{"X-Forwarded-For": f"{spoof()}, 10.0.0.2"}) == [404, 404]
+    finally:
+        gw.close()
+
+
+def test_forwarded_for_is_read_from_the_right_and_must_be_an_address(models_file, tmp_path):
+    gw = gateway(models_file, tmp_path, "--forwarded-allow-ips", "127.0.0.1,10.9.0.0/16")
+    try:
+        # Past the trusted hop 10.9.0.5 to the right-most untrusted entry, 10.0.0.1;
+        # the rotated left-most one is ignored.
+        got = [post(gw, **{"X-Forwarded-For": f"{spoof()}, 10.0.0.1, 10.9.0.5"}).status_code
+               for _ in range(3)]
+        assert got == [404, 404, 429]
+        # Entries that are not addresses buy no bucket: the peer's (127.0.0.1) counts,
+        # 15 KB of rotated text included, and the peer's own requests share it.
+        assert post(gw, **{"X-Forwarded-For": "garbage-1"}).status_code == 404
+        assert post(gw, **{"X-Forwarded-For": f"{'x' * 15000}-2"}).status_code == 404
+        assert post(gw, **{"X-Forwarded-For": "garbage-3"}).status_code == 429
+        assert post(gw, **{"X-Forwarded-For": f"10.0.0.3, {'y' * 15000}"}).status_code == 429
+        assert post(gw).status_code == 429
+        # IPv6 clients get a bucket per /64: two addresses of one /64 share it ...
+        assert post(gw, **{"X-Forwarded-For": "2001:db8:1:2::1"}).status_code == 404
+        assert post(gw, **{"X-Forwarded-For": "[2001:db8:1:2:ab::9]:443"}).status_code == 404
+        assert post(gw, **{"X-Forwarded-For": "2001:db8:1:2:ffff::1"}).status_code == 429
+        # ... and the next /64 is another client.
+        assert post(gw, **{"X-Forwarded-For": "2001:db8:1:3::1"}).status_code == 404
     finally:
         gw.close()

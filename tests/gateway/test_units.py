@@ -16,7 +16,9 @@ from pagefleet.server.gateway.admission import (
     RateLimit,
     RateLimiter,
     TokenBucket,
+    TrustedProxies,
     admit,
+    client_key,
     parse_api_keys,
     retry_after_header,
 )
@@ -118,6 +120,44 @@ def test_rate_limiter_keeps_one_bucket_per_key():
     assert rl.check("b", None, 0.0) == 0.0
     assert rl.check("a", RateLimit(100, 5), 0.0) == 0.0        # a key's own limit
     assert RateLimiter(None).check("x", None, 0.0) == 0.0       # off
+
+
+def test_client_key_is_a_parsed_address_ipv6_by_its_64():
+    none = TrustedProxies(None)
+    assert client_key(none, "127.0.0.2", []) == "addr:127.0.0.2"
+    assert client_key(none, "::ffff:127.0.0.2", []) == "addr:127.0.0.2"      # v4-mapped
+    # Two addresses of one IPv6 /64 share a bucket; the next /64 has its own.
+    a = client_key(none, "2001:db8:1:2::1", [])
+    assert a == "addr:2001:db8:1:2::/64"
+    assert client_key(none, "2001:db8:1:2:ffff:ffff:ffff:ffff", []) == a
+    assert client_key(none, "2001:DB8:1:2:0:0:0:7", []) == a
+    assert client_key(none, "2001:db8:1:3::1", []) != a
+    assert client_key(none, "fe80::1%eth0", []) == "addr:fe80::/64"
+    # Without --forwarded-allow-ips the header is ignored.
+    assert client_key(none, "127.0.0.1", ["10.0.0.1"]) == "addr:127.0.0.1"
+
+
+def test_forwarded_for_is_read_from_the_right_past_trusted_proxies_only():
+    p = TrustedProxies("127.0.0.1, 10.9.0.0/16")
+    key = lambda *xff, peer="127.0.0.1": client_key(p, peer, list(xff))  # noqa: E731
+    # The left-most entries are the client's own writing: the right-most untrusted counts.
+    assert key("6.6.6.6, 10.0.0.1") == key("7.7.7.7, 10.0.0.1") == "addr:10.0.0.1"
+    assert key("6.6.6.6, 10.0.0.1, 10.9.3.4") == "addr:10.0.0.1"     # past a trusted hop
+    assert key("6.6.6.6", "10.0.0.1:5678") == "addr:10.0.0.1"         # two header lines, port
+    assert key("[2001:db8::5]:443") == "addr:2001:db8::/64"
+    # Not an address: the peer counts, no bucket of the header's text.
+    assert key("x" * 15000) == key("nonsense, 10.9.0.1") == key("") == "addr:127.0.0.1"
+    assert key("10.0.0.1, unknown") == "addr:127.0.0.1"
+    # Every hop a trusted proxy: the left-most of them.
+    assert key("10.9.0.1, 10.9.0.2") == "addr:10.9.0.1"
+    # The header from a peer that is not a trusted proxy is ignored.
+    assert key("10.0.0.1", peer="127.0.0.4") == "addr:127.0.0.4"
+    # '*': any peer is a proxy, no address in the header is: the right-most entry.
+    star = TrustedProxies("*")
+    assert client_key(star, "192.0.2.1", ["6.6.6.6, 10.0.0.1"]) == "addr:10.0.0.1"
+    assert client_key(star, "192.0.2.1", ["6.6.6.6, bogus"]) == "addr:192.0.2.1"
+    with pytest.raises(ConfigError, match="forwarded-allow-ips"):
+        TrustedProxies("10.0.0.0/8, proxy.local")
 
 
 def test_api_keys_file():
