@@ -99,19 +99,51 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
         settings.peering.name = peering["name"]
         settings.peering.lifetime = peering.get("lifetime", settings.peering.lifetime)
         kube = memo["kube"]
-        targets = await peering_targets(kube, peering, logger)
-        if await ensure_peering(kube, peering, logger, targets):
-            await join_peering(kube, peering, settings, logger, targets)
-            if namespace_patterns(peering["namespaces"]):
+        warnings = Warnings(logger)
+        targets = await peering_targets(kube, peering, warnings)
+        failed = await ensure_peering(kube, peering, warnings, targets)
+        if failed is not None:
+            # Peering stays mandatory even where a namespace refused its object (one
+            # being deleted, a listed one that does not exist yet): the follower retries.
+            ready = [t for t in targets if t not in failed]
+            await join_peering(kube, peering, settings, logger, ready)
+            if peering["namespaces"]:
                 memo["pf_peering_follower"] = asyncio.create_task(
-                    follow_peering_namespaces(kube, peering, settings, logger, set(targets)),
+                    follow_peering_namespaces(kube, peering, settings, logger, set(ready), warnings),
                     name="pagefleet peering objects of new namespaces")
 
 
 # kopf's namespace patterns: globs, negations ('!team-x'), comma-separated lists.
 PATTERN_CHARS = frozenset("*?[!,")
-# How often the operator looks for new namespaces that its patterns match.
-PEERING_SCAN_S = 5.0
+# How often the follower re-lists the namespaces (a watch tells it of changes between).
+PEERING_SCAN_S = 300.0
+# How often it retries a namespace that refused its peering object (and a failed
+# namespace LIST or watch; one that is forbidden: PEERING_FORBIDDEN_S).
+PEERING_RETRY_S = 10.0
+PEERING_FORBIDDEN_S = 60.0
+# Where kopf keeps the peering objects.
+PEERING_API = "kopf.dev/v1"
+NAMESPACES = "/api/v1/namespaces"
+
+Target = tuple[str, str | None]
+
+
+class Warnings:
+    """A warning per subject, logged again only when its text changes (no log line
+    every round for a condition that lasts, like a namespace listing that is refused)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.last: dict[Any, str] = {}
+
+    def warn(self, key: Any, message: str) -> None:
+        if self.last.get(key) != message:
+            self.last[key] = message
+            self.logger.warning(message)
+
+    def clear(self, key: Any, message: str | None = None) -> None:
+        if self.last.pop(key, None) is not None and message:
+            self.logger.info(message)
 
 
 def namespace_patterns(namespaces: list[str]) -> list[str]:
@@ -128,54 +160,109 @@ def _matches(namespace: str, pattern: str) -> bool:
     return bool(match_namespace(namespace, pattern))
 
 
+def _active(namespace: dict[str, Any]) -> bool:
+    """Not being deleted: the API refuses new objects in a Terminating namespace, and
+    kopf serves no namespace that is on its way out."""
+    return not ((namespace.get("metadata") or {}).get("deletionTimestamp")
+                or (namespace.get("status") or {}).get("phase") == "Terminating")
+
+
+def served_targets(peering: dict[str, Any], existing: list[dict[str, Any]] | None) -> list[Target]:
+    """The peering objects kopf watches, from the namespaces that exist (None: not
+    known, e.g. listing them is not allowed; kopf then serves the exact names)."""
+    namespaces = peering["namespaces"]
+    if not namespaces:
+        return [("clusterkopfpeerings", None)]
+    patterns = namespace_patterns(namespaces)
+    exact = [ns for ns in namespaces if ns not in patterns]
+    if not patterns or existing is None:
+        # Exact names alone: kopf serves them whether they exist or not (it does not
+        # look at namespaces at all).
+        return [("kopfpeerings", ns) for ns in exact]
+    # With patterns kopf serves what exists and matches, the exact names included.
+    served = [obj["metadata"]["name"] for obj in existing
+              if _active(obj) and any(_matches(obj["metadata"]["name"], p) for p in namespaces)]
+    return [("kopfpeerings", ns) for ns in sorted(set(served))]
+
+
+def _cannot_list(peering: dict[str, Any], error: BaseException) -> str:
+    return (f"Cannot list namespaces for the peering objects of {peering['namespaces']} ({error}); "
+            "peering in the exact names only (as kopf serves then) until it can.")
+
+
+async def list_namespaces(kube: KubeClient) -> tuple[list[dict[str, Any]], str | None]:
+    """Every namespace (page by page) and the list's resourceVersion, to watch from."""
+    items: list[dict[str, Any]] = []
+    params: dict[str, str] = {"limit": "500"}
+    while True:
+        page = await kube.request("GET", NAMESPACES, params=params)
+        items += page.get("items") or []
+        meta = page.get("metadata") or {}
+        if not meta.get("continue"):
+            return items, meta.get("resourceVersion")
+        params["continue"] = meta["continue"]
+
+
 async def peering_targets(kube: KubeClient, peering: dict[str, Any],
-                          logger: logging.Logger) -> list[tuple[str, str | None]]:
+                          warnings: Warnings) -> list[Target]:
     """The peering objects kopf watches: the ClusterKopfPeering when the operator
     serves the whole cluster, otherwise a KopfPeering in every namespace it serves, the
     ones its patterns match included (kopf peers per served namespace, and with
     mandatory peering it stays paused, all of it, until the object of each one exists)."""
-    namespaces = peering["namespaces"]
-    if not namespaces:
-        return [("clusterkopfpeerings", None)]
-    served = [ns for ns in namespaces if ns not in namespace_patterns(namespaces)]
-    patterns = namespace_patterns(namespaces)
-    if patterns:
+    existing = None
+    if namespace_patterns(peering["namespaces"]):
         try:
-            existing = await kube.list(path_for("v1", "namespaces", None))
+            existing, _ = await list_namespaces(kube)
+            warnings.clear("list")
         except (KubeError, aiohttp.ClientError, OSError) as e:
-            logger.warning(f"Cannot list namespaces for the peering objects of {patterns} ({e}).")
-            existing = []
-        for obj in existing:
-            name = obj["metadata"]["name"]
-            if name not in served and any(_matches(name, p) for p in patterns):
-                served.append(name)
-    return [("kopfpeerings", ns) for ns in served]
+            warnings.warn("list", _cannot_list(peering, e))
+    return served_targets(peering, existing)
 
 
-async def ensure_peering(kube: KubeClient, peering: dict[str, Any], logger: logging.Logger,
-                         targets: list[tuple[str, str | None]]) -> bool:
+async def peering_crds_missing(kube: KubeClient, plural: str) -> bool:
+    """Whether the API server lacks the peering CRD (its discovery does not list it),
+    as opposed to one namespace refusing the object (a 404 for a namespace that does
+    not exist, a 403 for one being deleted)."""
+    try:
+        doc = await kube.get(f"/apis/{PEERING_API}")
+    except (KubeError, aiohttp.ClientError, OSError):
+        return False  # not known: treat as a per-namespace failure, retried
+    return doc is None or plural not in {r.get("name") for r in doc.get("resources") or []}
+
+
+async def ensure_peering(kube: KubeClient, peering: dict[str, Any], warnings: Warnings,
+                         targets: list[Target]) -> list[Target] | None:
     """kopf only peers through an existing peering object; create it if missing so a
-    second operator replica pauses instead of double-acting. False when the peering
-    CRDs are missing (the operator then runs alone, with a warning)."""
+    second operator replica pauses instead of double-acting. Returns the targets where
+    that failed (each warned about by name; the follower retries them), or None when
+    the peering CRDs are missing (the operator then runs alone, with a warning)."""
     name = peering["name"]
-    for plural, ns in targets:
-        path = path_for("kopf.dev/v1", plural, ns, name)
+    failed: list[Target] = []
+    for target in targets:
+        plural, ns = target
+        path = path_for(PEERING_API, plural, ns, name)
+        kind = "ClusterKopfPeering" if ns is None else "KopfPeering"
+        where = f" in {ns!r}" if ns else ""
         try:
             if await kube.get(path) is None:
-                kind = "ClusterKopfPeering" if ns is None else "KopfPeering"
                 meta = {"name": name, **({"namespace": ns} if ns else {})}
                 try:
-                    await kube.create(path.rsplit("/", 1)[0], {"apiVersion": "kopf.dev/v1", "kind": kind,
+                    await kube.create(path.rsplit("/", 1)[0], {"apiVersion": PEERING_API, "kind": kind,
                                                                "metadata": meta})
-                    logger.info(f"Created {kind} {name!r}{f' in {ns!r}' if ns else ''}.")
+                    warnings.logger.info(f"Created {kind} {name!r}{where}.")
                 except KubeError as e:
                     if e.status != 409:  # another replica created it first
                         raise
+            warnings.clear(target, f"{kind} {name!r}{where} is in place.")
         except (KubeError, aiohttp.ClientError, OSError) as e:
-            logger.warning(f"Cannot ensure the peering object {name!r} ({e}); install the kopf "
-                           "peering CRDs (`pagefleet crd --peering`) for more than one replica.")
-            return False
-    return True
+            if isinstance(e, KubeError) and e.status == 404 and await peering_crds_missing(kube, plural):
+                warnings.warn("crds", f"Cannot ensure the peering object {name!r} ({e}); install the kopf "
+                                      "peering CRDs (`pagefleet crd --peering`) for more than one replica.")
+                return None
+            warnings.warn(target, f"Cannot create the {kind} {name!r}{where} ({e}); kopf keeps the operator "
+                                  f"paused while a namespace it serves lacks it; retrying.")
+            failed.append(target)
+    return failed
 
 
 def auto_priority() -> int:
@@ -188,7 +275,7 @@ def auto_priority() -> int:
 
 
 async def join_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
-                       logger: logging.Logger, targets: list[tuple[str, str | None]]) -> None:
+                       logger: logging.Logger, targets: list[Target]) -> None:
     """Make peering mandatory (start paused until the peers are seen, so a newcomer
     never acts before it knows about the replica already acting) and write this
     replica's presence before any watch starts."""
@@ -200,7 +287,7 @@ async def join_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf
 
 
 async def register(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
-                   logger: logging.Logger, targets: list[tuple[str, str | None]]) -> None:
+                   logger: logging.Logger, targets: list[Target]) -> None:
     """This replica's presence in the peering objects (kopf's keep-alive renews it)."""
     identity = peering.get("identity")
     if not identity:
@@ -209,29 +296,134 @@ async def register(kube: KubeClient, peering: dict[str, Any], settings: kopf.Ope
               "lastseen": datetime.datetime.now(datetime.UTC).isoformat()}
     for plural, ns in targets:
         try:
-            await kube.patch(path_for("kopf.dev/v1", plural, ns, peering["name"]),
+            await kube.patch(path_for(PEERING_API, plural, ns, peering["name"]),
                              {"status": {identity: record}})
         except (KubeError, aiohttp.ClientError, OSError) as e:
-            logger.warning(f"Cannot register in the peering object ({e}); kopf will retry.")
+            logger.warning(f"Cannot register in the peering object{f' of {ns!r}' if ns else ''} ({e}); "
+                           "kopf will retry.")
+
+
+def _retry_after(error: BaseException | None) -> float:
+    """When to LIST the namespaces again after `error`: at once for a watch that is
+    too old (410), rarely where it is forbidden, soon for the rest (the API away)."""
+    status = getattr(error, "status", None)
+    return 0.0 if status == 410 else PEERING_FORBIDDEN_S if status in (401, 403) else PEERING_RETRY_S
+
+
+async def _watch_namespaces(kube: KubeClient, resource_version: str,
+                            queue: asyncio.Queue[dict[str, Any] | BaseException | None]) -> None:
+    """Feed the namespace watch's events to `queue`; None when it ends (watch again
+    from the last version seen), the exception when it fails (LIST again)."""
+    try:
+        async for event in kube.watch(NAMESPACES, resource_version, timeout_s=int(PEERING_SCAN_S)):
+            await queue.put(event)
+        await queue.put(None)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - handed to the follower
+        await queue.put(e)
 
 
 async def follow_peering_namespaces(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
-                                    logger: logging.Logger, done: set[tuple[str, str | None]]) -> None:
-    """With namespace patterns, namespaces that appear later need their KopfPeering
-    too: kopf starts serving (and, peering being mandatory, pauses the whole operator
-    for) a new matching namespace until the object exists there. Not a kopf handler:
-    those pause with the operator, and this is what lifts the pause."""
-    while True:
-        await asyncio.sleep(PEERING_SCAN_S)
-        try:
-            targets = [t for t in await peering_targets(kube, peering, logger) if t not in done]
-            if targets and await ensure_peering(kube, peering, logger, targets):
-                await register(kube, peering, settings, logger, targets)
-                done.update(targets)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - keep following; the next round retries
-            logger.warning(f"Peering objects of new namespaces: {e}")
+                                    logger: logging.Logger, done: set[Target],
+                                    warnings: Warnings | None = None) -> None:
+    """Keep a peering object in every namespace kopf serves: with mandatory peering kopf
+    pauses the whole operator while one lacks it, e.g. a namespace a pattern matches
+    that appears later, or one deleted and created again (kopf serves it anew, and its
+    old object went with it), or a listed one that refused it at startup. Not a kopf
+    handler: those pause with the operator, and this is what lifts the pause.
+
+    `done`: the targets whose object is known to exist. With patterns the namespaces
+    come from a LIST every PEERING_SCAN_S and a watch in between (kopf's own watch is
+    not reachable from here); with exact names only, the operator may not read
+    namespaces at all, and the names themselves are the targets."""
+    warnings = warnings or Warnings(logger)
+    patterns = bool(namespace_patterns(peering["namespaces"]))
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+    watcher: asyncio.Task[None] | None = None
+    known: dict[str, dict[str, Any]] = {}  # namespace name -> object (patterns only)
+    listed = next_list = 0.0
+    version: str | None = None
+    try:
+        while True:
+            if loop.time() >= next_list:
+                if watcher is not None:
+                    watcher.cancel()
+                    watcher = None
+                queue = asyncio.Queue()
+                version = None
+                failure: BaseException | None = None
+                if patterns:
+                    try:
+                        items, version = await list_namespaces(kube)
+                        known = {i["metadata"]["name"]: i for i in items}
+                        warnings.clear("list", "Listing namespaces works again.")
+                    except (KubeError, aiohttp.ClientError, OSError) as e:
+                        warnings.warn("list", _cannot_list(peering, e))
+                        known, version = {}, None
+                        failure = e
+                    targets = served_targets(peering, list(known.values()) if version else None)
+                else:
+                    targets = served_targets(peering, None)
+                    done.clear()  # exact names: check their objects again (a GET each)
+                listed = loop.time()
+                next_list = listed + (PEERING_SCAN_S if version or not patterns else _retry_after(failure))
+                if version:
+                    watcher = asyncio.create_task(_watch_namespaces(kube, version, queue),
+                                                  name="pagefleet namespace watch")
+            elif patterns and version:
+                targets = served_targets(peering, list(known.values()))
+            else:
+                targets = served_targets(peering, None)
+            # A namespace gone (or going) takes its object with it: when it is back,
+            # kopf serves it anew and it needs a new one.
+            done &= set(targets)
+            missing = [t for t in targets if t not in done]
+            failed: list[Target] = []
+            if missing:
+                got = await ensure_peering(kube, peering, warnings, missing)
+                failed = missing if got is None else got
+                ready = [t for t in missing if t not in failed]
+                await register(kube, peering, settings, logger, ready)
+                done.update(ready)
+            # Until something changes: a namespace event, the retry of a failed one, the re-LIST.
+            wait = max(0.0, next_list - loop.time())
+            if failed:
+                wait = min(wait, PEERING_RETRY_S)
+            try:
+                event = await asyncio.wait_for(queue.get(), wait)
+            except TimeoutError:
+                continue
+            while True:  # this event and any that queued behind it
+                if isinstance(event, BaseException):
+                    warnings.warn("watch", f"The namespace watch failed ({event}); listing again.")
+                    next_list = min(next_list, listed + _retry_after(event))
+                    watcher = None
+                elif event is None:  # the server ended the watch: go on from the last version
+                    watcher = asyncio.create_task(_watch_namespaces(kube, version or "", queue),
+                                                  name="pagefleet namespace watch")
+                else:
+                    warnings.clear("watch")
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    name = (obj.get("metadata") or {}).get("name")
+                    before = known.get(name) or {}
+                    if event.get("type") == "DELETED":
+                        known.pop(name, None)
+                    elif event.get("type") in ("ADDED", "MODIFIED") and name:
+                        known[name] = obj
+                    # Gone, going, or a new namespace of the same name (its events can
+                    # come in one batch): its object has to be made again.
+                    if (event.get("type") == "DELETED" or not _active(obj)
+                            or (before.get("metadata") or {}).get("uid") != (obj.get("metadata") or {}).get("uid")):
+                        done.discard(("kopfpeerings", name))
+                if queue.empty():
+                    break
+                event = queue.get_nowait()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
 
 
 @kopf.on.cleanup()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -104,21 +104,55 @@ class KubeClient:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, body: Any = None, *,
-                      params: Mapping[str, str] | None = None,
-                      content_type: str = "application/json") -> dict[str, Any]:
+    def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         token = self._auth()
         if token:
             headers["Authorization"] = token
+        return headers
+
+    async def watch(self, path: str, resource_version: str | None = None,
+                    timeout_s: int = 300) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch ({"type": ..., "object": ...}) from `resource_version`,
+        until the server ends it (after about `timeout_s`). A watch ERROR event (e.g.
+        410 Gone: the version is too old, LIST again) is raised as a KubeError."""
+        params = {"watch": "true", "timeoutSeconds": str(int(timeout_s)), "allowWatchBookmarks": "true"}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total, sock_read=timeout_s + 30)
+        async with self._get_session().get(self.host + path, params=params, headers=self._headers(),
+                                           ssl=self._ssl, timeout=timeout) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                try:
+                    message = json.loads(text).get("message", text)
+                except ValueError:
+                    message = text
+                raise KubeError(resp.status, "WATCH", path, str(message)[:500])
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") or {}
+                    raise KubeError(int(obj.get("code") or 500), "WATCH", path, str(obj.get("message"))[:500])
+                yield event
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      params: Mapping[str, str] | None = None,
+                      content_type: str = "application/json") -> dict[str, Any]:
+        headers = self._headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        async with self._session.request(method, self.host + path, data=data, params=params,
-                                         headers=headers, ssl=self._ssl) as resp:
+        async with self._get_session().request(method, self.host + path, data=data, params=params,
+                                               headers=headers, ssl=self._ssl) as resp:
             text = await resp.text()
             if resp.status >= 400:
                 try:

@@ -232,7 +232,7 @@ async def test_namespace_patterns_with_peering(ns_cluster: Cluster, tmp_path: Pa
             # (kopf logs pause and resume per namespace: op-b resumes the new namespace's
             # toggle until it sees op-a there, but op-a's records elsewhere keep it paused.)
             assert writes_by(cluster, "pat-op-b") == [], "op-b must not act while op-a is alive"
-            assert "Pausing operations in favour of" in b.log()
+            await cluster.wait_for(sync(lambda: "Pausing operations in favour of" in b.log()), "op-b's pause")
 
 
 async def test_a_namespace_pattern_alone_peers_per_namespace(ns_cluster: Cluster, tmp_path: Path) -> None:
@@ -252,3 +252,33 @@ async def test_a_namespace_pattern_alone_peers_per_namespace(ns_cluster: Cluster
 
 async def _has(cluster: Cluster, ns: str, *who: str) -> bool:
     return set(who) <= await _kopf_peers(cluster, ns)
+
+
+async def test_a_namespace_deleted_and_made_again_gets_its_peering_back(ns_cluster: Cluster, tmp_path: Path) -> None:
+    """A matching namespace deleted (its KopfPeering with it) and created again by the
+    same name, as CI and dev namespaces are: kopf serves it anew and, peering being
+    mandatory, pauses the whole operator until its KopfPeering exists again; the
+    operator makes it, and goes on acting in the namespace it never left."""
+    cluster = ns_cluster
+    register_peering(cluster)
+    for ns in ("rc-a", "rc-b"):
+        await _namespace(cluster, ns)
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    async with operator_run(cluster, tmp_path / "op.log", "--namespace=rc-*", "--peering-lifetime",
+                            str(LIFETIME_S), env={"POD_NAME": "op-rc"}):
+        await cluster.apply(doc, "rc-a")
+        await cluster.wait_object("Deployment", "rc-a", "qwen-short", timeout=30)
+        assert "op-rc" in await _kopf_peers(cluster, "rc-b")
+        # (the emulator has no namespace GC: the object goes by hand, as the GC would)
+        await cluster.kube.delete("/apis/kopf.dev/v1/namespaces/rc-b/kopfpeerings/pagefleet")
+        await cluster.kube.delete("/api/v1/namespaces/rc-b")
+        await cluster.wait_for(lambda: _no_peering(cluster, "rc-b"), "rc-b gone")
+        await _namespace(cluster, "rc-b")
+        await cluster.wait_for(lambda: _has(cluster, "rc-b", "op-rc"), "the KopfPeering of the new rc-b")
+        second = {**doc, "metadata": {**doc["metadata"], "name": "second"}}
+        await cluster.apply(second, "rc-a")
+        await cluster.wait_object("Deployment", "rc-a", "second", timeout=30)
+
+
+async def _no_peering(cluster: Cluster, ns: str) -> bool:
+    return await cluster.kube.get(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/pagefleet") is None
