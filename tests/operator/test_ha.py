@@ -216,7 +216,7 @@ async def test_namespace_patterns_with_peering(ns_cluster: Cluster, tmp_path: Pa
         assert await cluster.kube.get("/apis/kopf.dev/v1/namespaces/other/kopfpeerings/pagefleet") is None
         assert await cluster.kube.get(PEERING) is None, "no ClusterKopfPeering: kopf peers per namespace"
         async with operator_run(cluster, tmp_path / "b.log", *flags,
-                                env={"POD_NAME": "op-b", "KUBECONFIG": str(b_cfg)}) as b:
+                                env={"POD_NAME": "op-b", "KUBECONFIG": str(b_cfg)}):
             for ns in ("pat-a", "pat-b"):
                 await cluster.wait_for(lambda ns=ns: _has(cluster, ns, "op-b"), f"op-b in the KopfPeering of {ns}")
             for ns in ("pat-a", "pat-b"):
@@ -229,10 +229,11 @@ async def test_namespace_patterns_with_peering(ns_cluster: Cluster, tmp_path: Pa
             await cluster.apply(doc, "pat-new")
             await cluster.wait_object("Deployment", "pat-new", "qwen-short", timeout=30)
             assert writes_by(cluster, "pat-op-a"), "op-a acts"
-            # (kopf logs pause and resume per namespace: op-b resumes the new namespace's
-            # toggle until it sees op-a there, but op-a's records elsewhere keep it paused.)
+            # op-b made no write in any namespace. (Whether kopf logs "Pausing operations"
+            # for op-b depends on whether it ever resumed a namespace's toggle before
+            # seeing op-a there: with the follower's watch the new namespace's object
+            # holds both at once, so the log line is not a condition to wait for.)
             assert writes_by(cluster, "pat-op-b") == [], "op-b must not act while op-a is alive"
-            await cluster.wait_for(sync(lambda: "Pausing operations in favour of" in b.log()), "op-b's pause")
 
 
 async def test_a_namespace_pattern_alone_peers_per_namespace(ns_cluster: Cluster, tmp_path: Path) -> None:
