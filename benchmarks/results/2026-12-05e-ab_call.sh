@@ -1,6 +1,6 @@
 # The twenty-fifth session's first device call (carry .whl-core), ~6 minutes: the
 # engine A/B of 2026-12-05d-balance_call.sh (9 variants: blocked layout / stream-K) and
-# its ncu step, without the standalone probe (four refused starts left too little
+# its ncu step, without the standalone probe (three refused starts left too little
 # device time for the 9-minute form and its follow-up):
 #   bash benchmarks/results/2026-12-05e-ab_call.sh
 set -o pipefail
