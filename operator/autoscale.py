@@ -118,20 +118,16 @@ def metric_replicas(samples: Sequence[PodSample], current: int, target: float,
     return new
 
 
-def saturation_replicas(samples: Sequence[PodSample], target: float,
-                        extra: float = 0.0) -> tuple[int, float] | None:
-    """(replicas the load needs, per-replica capacity) when ready pods queue; None
-    when none does. The capacity is the mean running count of the queueing pods
-    (capped at `target`): a pod with a queue runs all it can, so that is its real
-    batch. Only the queueing pods are averaged so that one idle replica behind an
-    uneven router does not read as a small capacity."""
-    pods = [s.values for s in samples if s.ready and RUNNING in s.values and WAITING in s.values]
-    queueing = [v for v in pods if v[WAITING] > 0]
+def queueing_capacity(samples: Sequence[PodSample], target: float) -> float | None:
+    """The per-replica capacity when ready pods queue; None when none does: the mean
+    running count of the queueing pods (capped at `target`), since a pod with a queue
+    runs all it can. Only the queueing pods are averaged so that one idle replica
+    behind an uneven router does not read as a small capacity."""
+    queueing = [s.values[RUNNING] for s in samples
+                if s.ready and RUNNING in s.values and s.values.get(WAITING, 0) > 0]
     if not queueing:
         return None
-    capacity = min(target, max(1.0, sum(v[RUNNING] for v in queueing) / len(queueing)))
-    usage = sum(v[RUNNING] + v[WAITING] for v in pods) + extra
-    return math.ceil(usage / capacity), capacity
+    return min(target, max(1.0, sum(queueing) / len(queueing)))
 
 
 def stabilize(current: int, recommendation: int, history: Sequence[Recommendation], now: float,
@@ -174,14 +170,14 @@ def describe(policy: AutoscalingSpec, total: float, target: float | None = None)
 
 
 def learn_capacity(samples: Sequence[PodSample], policy: AutoscalingSpec, now: float,
-                   saturated_since: float | None, capacity: float | None, extra: float = 0.0
+                   saturated_since: float | None, capacity: float | None
                    ) -> tuple[float | None, float | None, str]:
     """(since, capacity, note) for the concurrency metric: `since` when the ready pods
     have queued (None: no queue), the learned running per replica (None: none learned,
     the configured target holds), a note for the Event while a queue is not yet old
     enough to act on."""
-    saturation = saturation_replicas(samples, policy.target, extra)
-    if saturation is None:
+    measured = queueing_capacity(samples, policy.target)
+    if measured is None:
         if capacity is not None:
             busiest = max((s.values[RUNNING] for s in samples if s.ready and RUNNING in s.values),
                           default=0.0)
@@ -190,8 +186,8 @@ def learn_capacity(samples: Sequence[PodSample], policy: AutoscalingSpec, now: f
         return None, capacity, ""
     since = now if saturated_since is None else saturated_since
     if now - since >= SATURATION_SUSTAIN_S:
-        return since, saturation[1], (f" (replicas have queued for {now - since:.0f}s running "
-                                      f"{_fmt(round(saturation[1], 1))} each: sized at that capacity)")
+        return since, measured, (f" (replicas have queued for {now - since:.0f}s running "
+                                 f"{_fmt(round(measured, 1))} each: sized at that capacity)")
     return since, capacity, (f" (replicas queueing for {now - since:.0f}s; sizing at their "
                              f"running count at {SATURATION_SUSTAIN_S:g}s)")
 
@@ -207,7 +203,7 @@ def decide(samples: Sequence[PodSample], current: int, history: Sequence[Recomme
     since, saturated_note, target = None, "", policy.target
     if policy.metric == crd.METRIC_CONCURRENCY:
         since, capacity, saturated_note = learn_capacity(samples, policy, now, saturated_since,
-                                                         capacity, extra)
+                                                         capacity)
         if capacity is not None:
             target = min(target, capacity)
     else:

@@ -87,10 +87,6 @@ def rope_parameters(head_dim: int, theta: float,
                      f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
 
 
-def inv_freq_for(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    return rope_parameters(head_dim, theta, scaling)[0]
-
-
 def cos_sin_cache(head_dim: int, max_positions: int, theta: float,
                   scaling: dict | None) -> torch.Tensor:
     """`[max_positions, head_dim]`: cos of the half-dims, then sin (float32), each
