@@ -31,6 +31,7 @@ class FakeKube:
         self.objects: dict[str, dict[str, Any]] = {}
         self.crds = crds
         self.lists = 0
+        self.refusals: dict[str, int] = {}     # namespace -> creates refused
         self.list_error: KubeError | None = None
         self.watch_error: KubeError | None = None
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -68,6 +69,7 @@ class FakeKube:
         if ns not in self.namespaces:
             raise KubeError(404, "POST", path, f'namespaces "{ns}" not found')
         if self.namespaces[ns] == "Terminating":
+            self.refusals[ns] = self.refusals.get(ns, 0) + 1
             raise KubeError(403, "POST", path, f'kopfpeerings "pagefleet" is forbidden: unable to create new '
                                                f'content in namespace {ns} because it is being terminated')
         self.objects[f"{path}/{body['metadata']['name']}"] = body
@@ -152,7 +154,7 @@ async def test_a_refused_namespace_is_retried_by_name(caplog: pytest.LogCaptureF
         kube.namespaces["team-b"] = "Terminating"
         kube.events.put_nowait({"type": "ADDED", "object": kube.ns("team-b", "Active")})
         await until(lambda: len(warnings_with(caplog, "'team-b'")) == 1, "the warning about team-b")
-        await asyncio.sleep(0.3)  # several retries
+        await until(lambda: kube.refusals.get("team-b", 0) >= 3, "several retries")
         assert len(warnings_with(caplog, "'team-b'")) == 1, warnings_with(caplog, "team-b")
         assert "being terminated" in warnings_with(caplog, "'team-b'")[0]
         kube.namespaces["team-b"] = "Active"

@@ -436,20 +436,21 @@ def test_vllm_metric_families_move(srv):
 
 
 # -- reasoning ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def qwen3_srv(tools_model):
+def _reasoning_server(tools_model, parser: str):
     server = ThreadServer(tools_model, max_model_len=1024, enable_auto_tool_choice=True,
-                          tool_call_parser="hermes", reasoning_parser="qwen3").start()
+                          tool_call_parser="hermes", reasoning_parser=parser).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def qwen3_srv(tools_model):
+    yield from _reasoning_server(tools_model, "qwen3")
 
 
 @pytest.fixture(scope="module")
 def r1_srv(tools_model):
-    server = ThreadServer(tools_model, max_model_len=1024, enable_auto_tool_choice=True,
-                          tool_call_parser="hermes", reasoning_parser="deepseek_r1").start()
-    yield server
-    server.stop()
+    yield from _reasoning_server(tools_model, "deepseek_r1")
 
 
 def think_ids(server) -> tuple[int, int]:

@@ -261,10 +261,11 @@ def test_a_trickling_client_does_not_hold_the_loading_responder() -> None:
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     responder = LoadingResponder(sock).start()
-    stop_trickle = threading.Event()
+    stop_trickle, connected = threading.Event(), threading.Event()
 
     def trickle() -> None:
         with socket.create_connection(("127.0.0.1", port)) as c:
+            connected.set()      # queued first: the responder accepts in arrival order
             for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
                 if stop_trickle.wait(1.0):
                     return
@@ -276,7 +277,7 @@ def test_a_trickling_client_does_not_hold_the_loading_responder() -> None:
     t = threading.Thread(target=trickle)
     t.start()
     try:
-        time.sleep(0.5)   # the trickler is connected first
+        assert connected.wait(30)
         r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
         assert r.status_code == 200
         assert t.is_alive(), "the scrape was answered only after the trickler gave up"
