@@ -40,7 +40,8 @@ def resolve_model(name: str, revision: str | None = None, *, what: str = "model"
                                      "point MODEL at a Hugging Face format checkpoint")
         return path
     if path.exists():
-        raise ModelNotFoundError(f"{what} {name!r} is a file; expected a directory or a "
+        kind = " (a GGUF file, which is not supported)" if path.suffix == ".gguf" else ""
+        raise ModelNotFoundError(f"{what} {name!r} is a file{kind}; expected a directory or a "
                                  "Hugging Face repo id")
     if not looks_like_repo_id(name):
         raise ModelNotFoundError(f"{what} {name!r}: no such directory, and not a Hugging "

@@ -118,10 +118,27 @@ def check_not_quantized(src: torch.dtype | None, dst: torch.dtype, name: str) ->
             "without its scales would serve garbage.")
 
 
+def check_integer(src: torch.dtype | None, dst: torch.dtype, name: str) -> None:
+    """An integer parameter (packed int4 words, zero points, group indices) takes integer
+    checkpoint tensors only: int32 words cast to float16/float32 (a state dict cast
+    wholesale to a float dtype when re-saved) no longer hold their bits, and casting them
+    back would load garbage without a word."""
+    if src is None or dst.is_floating_point or not src.is_floating_point:
+        return
+    raise WeightLoadError(
+        f"{name} is {str(src).removeprefix('torch.')} in the checkpoint, but it must be an "
+        f"integer tensor ({str(dst).removeprefix('torch.')}: packed 4-bit words, zero points "
+        "or group indices); its integer bits were lost when it was cast to a float dtype "
+        "(was the state dict converted with .half() / .to(dtype) before saving?). Use the "
+        "checkpoint as the quantization tool wrote it.")
+
+
 def load_narrowed(param: nn.Parameter, loaded: torch.Tensor, spec: ShardSpec, name: str) -> None:
     """The generic weight loader: narrow, check the shape, copy (casting the dtype; a
-    quantized tensor into a float parameter is an error)."""
+    quantized tensor into a float parameter, or a float one into an integer parameter,
+    is an error)."""
     check_not_quantized(loaded.dtype, param.dtype, name)
+    check_integer(loaded.dtype, param.dtype, name)
     dst, src = narrowed(param, loaded, spec, name)
     dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from pagefleet.server.config import ConfigError
 from pagefleet.server.models.config import ModelConfig
 from pagefleet.server.models.lazy_tensor import LazyTensor, ReadStats
 from pagefleet.server.models.decoder import DecoderForCausalLM, Ops
@@ -44,6 +45,12 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         return [model_dir / f for f in dict.fromkeys(weight_map.values())]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
+        gguf = sorted(p.name for p in model_dir.glob("*.gguf"))
+        if gguf:   # llama.cpp's format: say so, not only that safetensors are missing
+            raise WeightLoadError(
+                f"the weights in {model_dir} are GGUF ({', '.join(gguf[:3])}), which is not "
+                "supported; pagefleet loads Hugging Face safetensors checkpoints (bf16/fp16, "
+                "or fp8, AWQ, GPTQ quantized)")
         raise WeightLoadError(f"no *.safetensors weights in {model_dir}")
     return files
 
@@ -78,6 +85,19 @@ def _route(hf_name: str) -> tuple[str, str, object] | None:
     layer, block, proj, tensor = m.groups()
     fused, shard = _FUSED[proj]
     return f"layers.{layer}.{block}.{fused}", tensor, shard
+
+
+_HF_PART = {fused: proj for proj, fused in _FUSED.items()}
+
+
+def _hf_tensor(layer_name: str, missing: str) -> str:
+    """The checkpoint's name of a tensor a fused layer still lacks (`LinearBase.missing`:
+    `qzeros[k]` of layers.0.self_attn.qkv_proj -> model.layers.0.self_attn.k_proj.qzeros)."""
+    name, _, sid = missing.partition("[")
+    sid = sid.rstrip("]")
+    prefix, fused = layer_name.rsplit(".", 1)
+    shard = (int(sid) if sid.isdigit() else sid) if sid else None
+    return f"model.{prefix}.{_HF_PART.get((fused, shard), fused)}.{name}"
 
 
 def _param_name(name: str) -> str:
@@ -138,7 +158,11 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                 if route is not None:
                     layer_name, tensor, shard = route
                     layer = linears[layer_name]
-                    layer.load_weight(tensor, get(hf_name), shard)
+                    try:
+                        layer.load_weight(tensor, get(hf_name), shard)
+                    except (WeightLoadError, ConfigError) as e:
+                        # the layer speaks of its fused name (qkv_proj); say the file's too
+                        raise type(e)(f"{hf_name} ({path.name}): {e}") from None
                     if not layer.missing():
                         layer.finish_loading()
                     continue
@@ -162,7 +186,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                 dest.copy_(tensor.to(dtype))
                 filled[name] = True
     missing = [n for n, ok in filled.items() if not ok]
-    missing += [f"{n}.{t}" for n, layer in linears.items() for t in layer.missing()]
+    missing += [_hf_tensor(n, t) for n, layer in linears.items() for t in layer.missing()]
     if missing:
         raise WeightLoadError(f"checkpoint in {model_dir} lacks weights for: {', '.join(missing[:8])}"
                               + (" ..." if len(missing) > 8 else ""))

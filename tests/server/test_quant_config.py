@@ -30,6 +30,8 @@ def ckpts(tmp_path_factory):
                                             legacy=True)
     out["gptq-legacy"] = quantize_checkpoint(src, root / "gptq-legacy", "gptq", group_size=32,
                                              desc_act=True, legacy=True)
+    out["gptq-actorder"] = quantize_checkpoint(src, root / "gptq-actorder", "gptq",
+                                               group_size=32, desc_act=True)
     return out
 
 
@@ -293,3 +295,156 @@ def test_dense_tensors_refuse_quantized_values(ckpts, tmp_path):
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match="model.norm.weight is float8_e4m3fn"):
         load_decoder(d)
+
+
+# -- malformed checkpoints and formats in the wild (adversarial review) -------------------------
+
+def _edit(src, dst, cfg_patch=None, tensors=None):
+    """A copy of checkpoint `src` with its quantization_config and/or tensors edited."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if cfg_patch is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg_patch(cfg["quantization_config"])
+        (dst / "config.json").write_text(json.dumps(cfg))
+        (dst / "quantize_config.json").unlink(missing_ok=True)
+    if tensors is not None:
+        t = load_file(str(dst / "model.safetensors"))
+        tensors(t)
+        save_file(t, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("fmt,tensor", [("awq", "self_attn.k_proj.qweight"),
+                                        ("awq", "mlp.down_proj.qzeros"),
+                                        ("gptq", "mlp.up_proj.qweight"),
+                                        ("gptq-actorder", "self_attn.q_proj.g_idx")])
+def test_packed_integer_tensors_saved_as_floats_are_refused(ckpts, tmp_path, fmt, tensor):
+    """A state dict cast wholesale to float16 (`{k: v.half() ...}`, a common slip when
+    re-saving) turns the int32 words into float values: copied back into int32 they
+    were garbage that loaded without a word (AWQ logits 90-100% off). Refused by name."""
+    from pagefleet.server.models.linear import WeightLoadError
+    from tests.server.quant_helpers import load_decoder
+
+    name = f"model.layers.0.{tensor}"
+
+    def cast(t):
+        t[name] = t[name].to(torch.float16 if "g_idx" not in name else torch.float32)
+
+    d = _edit(ckpts[fmt], tmp_path / fmt, tensors=cast)
+    with pytest.raises(WeightLoadError) as e:
+        load_decoder(d)
+    msg = str(e.value)
+    assert name in msg and "an integer tensor" in msg, msg
+
+
+def test_act_order_without_g_idx_is_refused(ckpts, tmp_path):
+    """desc_act true: each layer's rows are grouped by its g_idx. A checkpoint without
+    them (stripped by a converter) loaded with plain k // G groups: 80% logit error."""
+    from tests.server.quant_helpers import load_decoder
+
+    d = _edit(ckpts["gptq-actorder"], tmp_path / "no-g-idx", tensors=lambda t: [
+        t.pop(n) for n in list(t) if n.endswith(".g_idx")])
+    with pytest.raises(ConfigError) as e:
+        load_decoder(d)
+    msg = str(e.value)
+    assert "desc_act true" in msg and "model.layers.0.self_attn.q_proj.g_idx" in msg, msg
+    # without act-order the plain groups are what g_idx would say: still loads
+    plain = _edit(ckpts["gptq"], tmp_path / "plain-no-g-idx", tensors=lambda t: [
+        t.pop(n) for n in list(t) if n.endswith(".g_idx")])
+    ids = list(range(3, 30))
+    from tests.server.quant_helpers import decoder_logits
+    assert torch.equal(decoder_logits(load_decoder(plain), ids),
+                       decoder_logits(load_decoder(ckpts["gptq"]), ids))
+
+
+@pytest.mark.parametrize("patch,names", [
+    (lambda q: q.pop("quant_method"), ["has no quant_method"]),
+    (lambda q: q.update(quant_method="gguf"), ["quant_method 'gguf'"]),
+    (lambda q: q.update(quant_method="marlin"), ["quant_method 'marlin'"]),
+    (lambda q: q.update(quant_method="fbgemm_fp8"), ["quant_method 'fbgemm_fp8'"]),
+])
+def test_unknown_or_missing_quant_method(ckpts, tmp_path, patch, names):
+    d = _edit(ckpts["awq"], tmp_path / "qm", patch)
+    with pytest.raises(ConfigError) as e:
+        start(d, None)
+    msg = str(e.value)
+    assert "quant_method ''" not in msg
+    assert "supported: fp8, awq, gptq, compressed-tensors" in msg
+    for n in names:
+        assert n in msg, msg
+
+
+def _ct_w4a16(q):
+    """llm-compressor's W4A16 preset as compressed-tensors writes it (pack-quantized)."""
+    q["format"] = "pack-quantized"
+    group = q["config_groups"]["group_0"]
+    group.update(input_activations=None, format="pack-quantized")
+    group["weights"].update(num_bits=4, type="int", strategy="group", group_size=128)
+
+
+@pytest.mark.parametrize("patch,names", [
+    (_ct_w4a16, ["format 'pack-quantized'", "4-bit int weights", "group size 128"]),
+    (lambda q: (_ct_w4a16(q), q.update(format="mixed-precision")),
+     ["format 'mixed-precision'", "4-bit int weights"]),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=8, type="int"),
+     ["8-bit int"]),
+])
+def test_compressed_tensors_integer_schemes_name_their_weights(ckpts, tmp_path, patch, names):
+    """W4A16 (pack-quantized) is llm-compressor's most common output: refused at startup
+    with what its weights are, not only the format's name."""
+    d = _edit(ckpts["compressed-tensors"], tmp_path / "ct", patch)
+    with pytest.raises(ConfigError) as e:
+        start(d, None)
+    msg = str(e.value)
+    assert "unsupported compressed-tensors checkpoint" in msg and "only fp8" in msg, msg
+    for n in names:
+        assert n in msg, msg
+
+
+def test_gguf_checkpoints_are_named(ckpts, tmp_path):
+    """A GGUF directory (config.json beside model-Q4_K_M.gguf) or file: said so, not
+    'no safetensors' alone or a NotADirectoryError."""
+    import shutil
+
+    from pagefleet.server.models.hub import ModelNotFoundError, resolve_model
+    from pagefleet.server.models.linear import WeightLoadError
+    from tests.server.quant_helpers import load_decoder
+
+    d = tmp_path / "gguf"
+    d.mkdir()
+    shutil.copy(ckpts["bf16"] / "config.json", d / "config.json")
+    (d / "model-Q4_K_M.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(WeightLoadError, match=r"GGUF \(model-Q4_K_M.gguf\).*not supported"):
+        load_decoder(d)
+    with pytest.raises(ModelNotFoundError, match="GGUF"):
+        resolve_model(str(d / "model-Q4_K_M.gguf"))
+
+
+@pytest.mark.parametrize("fmt,edit,names", [
+    ("awq", lambda t: t.pop("model.layers.0.self_attn.k_proj.qzeros"),
+     ["lacks weights for: model.layers.0.self_attn.k_proj.qzeros"]),
+    ("gptq", lambda t: t.pop("model.layers.0.mlp.down_proj.scales"),
+     ["lacks weights for: model.layers.0.mlp.down_proj.scales"]),
+    ("compressed-tensors", lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale"),
+     ["lacks weights for: model.layers.0.mlp.up_proj.weight_scale"]),
+    ("awq", lambda t: t.__setitem__("model.layers.0.mlp.gate_proj.scales",
+                                    t["model.layers.0.mlp.gate_proj.scales"][:-1]),
+     ["model.layers.0.mlp.gate_proj.scales (model.safetensors): ",
+      "does not match the layer's"]),
+])
+def test_missing_and_misshapen_tensors_are_named_as_the_checkpoint_names_them(
+        ckpts, tmp_path, fmt, edit, names):
+    """Errors name the checkpoint's tensor (k_proj.qzeros), not only the fused layer's
+    parameter the user's files do not have (qkv_proj.qzeros[k])."""
+    from pagefleet.server.models.linear import WeightLoadError
+    from tests.server.quant_helpers import load_decoder
+
+    d = _edit(ckpts[fmt], tmp_path / fmt, tensors=edit)
+    with pytest.raises(WeightLoadError) as e:
+        load_decoder(d)
+    for n in names:
+        assert n in str(e.value), str(e.value)

@@ -172,3 +172,29 @@ def test_fused_parts_must_agree_on_quantization():
 
     with pytest.raises(ConfigError, match="disagree"):
         Half().linear_method(["x.q_proj", "x.k_proj", "x.v_proj"])
+
+
+@pytest.mark.parametrize("block", [(48, 48), (32, 48)])
+def test_fp8_blocks_split_mid_block_by_tensor_parallel_are_refused(block):
+    """A row-parallel layer whose input partition (here 128 / 2 = 64) does not start on a
+    weight block (48) would give rank 1 the scales of the wrong blocks: with the output
+    not whole blocks (64 rows in blocks of 48) they were taken silently (16 columns off by
+    a block), else the load failed on 'rows 64..128 do not fall on units of 48'. Refused
+    when the layer is built, naming the flag, as vLLM does. Whole-block partitions load
+    (test_partitions_put_together_are_the_whole_layer)."""
+    from pagefleet.server.testing_quant import ct_fp8_quantize
+
+    tensors, deq = ct_fp8_quantize(torch.randn(64, 128) * 0.1, "block", block, torch.float32)
+    (full,) = layers("row", lambda: Fp8LinearMethod("block", block), 1)
+    load(full, {None: tensors})
+    assert torch.equal(dense_weight(full), deq)
+    with pytest.raises(ConfigError, match=r"input partition 64 .*--tensor-parallel-size 2.* "
+                                          rf"block of {block[1]}"):
+        layers("row", lambda: Fp8LinearMethod("block", block), 2)
+
+
+def test_grouped_int4_split_mid_group_names_tensor_parallelism():
+    """The same for AWQ groups: the message says the partition, not 'input size'."""
+    with pytest.raises(ConfigError, match=r"input partition 64 .*--tensor-parallel-size 2"):
+        RowParallelLinear(128, 64, bias=False, method=AWQLinearMethod(48, torch.float16),
+                          tp_rank=0, tp_size=2, params_dtype=torch.float32)

@@ -62,8 +62,10 @@ def checkpoint_quantization(qcfg: dict | None, index: dict[str, TensorInfo],
     method = quantization_method(qcfg, source, flag)
     if method not in _PARSERS:
         where = "quantization_config" if source in (None, "config.json") else source
-        raise ConfigError(f"the checkpoint's {where} has quant_method {method!r}, which "
-                          f"pagefleet cannot load; supported: {', '.join(_PARSERS)}")
+        what = f"has quant_method {method!r}" if method else \
+            f"has no quant_method (keys: {', '.join(sorted(qcfg)[:8])})"
+        raise ConfigError(f"the checkpoint's {where} {what}, which pagefleet cannot load; "
+                          f"supported: {', '.join(_PARSERS)}")
     ckpt = _PARSERS[method](qcfg, index)
     if not qcfg.get("quant_method"):
         ckpt.origin = f"{source} without quant_method"

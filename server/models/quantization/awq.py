@@ -34,6 +34,10 @@ class AWQLinearMethod(Int4Method):
         per_channel = self.group_size <= 0
         g = k if per_channel else self.group_size
         in_dim = None if per_channel else 0
+        if k % g and k != input_size:   # a row-parallel rank's slice must hold whole groups
+            raise bad_config("AWQ", f"{layer.prefix}: the input partition {k} (of {input_size}, "
+                             f"--tensor-parallel-size {layer.tp_size}) is not a multiple of the "
+                             f"group size {g}; use a smaller --tensor-parallel-size")
         if k % g:
             raise bad_config("AWQ", f"{layer.prefix}: input size {k} is not a multiple of the "
                              f"group size {g}")

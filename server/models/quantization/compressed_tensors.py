@@ -54,6 +54,24 @@ def _scheme(group: dict) -> tuple[str, tuple[int, int] | None, bool]:
     return strategy, block, static
 
 
+def _weights(cfg: dict) -> str:
+    """What config_groups say the weights are, for the error on a format not loaded
+    here: pack-quantized (W4A16, llm-compressor's most common output) and int-quantized
+    name only a packing, not the bits."""
+    out = []
+    for g in (cfg.get("config_groups") or {}).values():
+        w = g.get("weights") or {}
+        if not w:
+            continue
+        desc = f"{w.get('num_bits')}-bit {w.get('type')} weights"
+        if w.get("strategy"):
+            desc += f", {w['strategy']} strategy"
+        if w.get("group_size"):
+            desc += f", group size {w['group_size']}"
+        out.append(desc)
+    return f" ({'; '.join(dict.fromkeys(out))})" if out else ""
+
+
 class CompressedTensorsConfig(QuantConfig):
     flags = ("fp8", "compressed-tensors")    # the second: vLLM's name for these
     name = "compressed-tensors fp8"
@@ -66,8 +84,9 @@ class CompressedTensorsConfig(QuantConfig):
     def from_config(cls, cfg: dict, index) -> "CompressedTensorsConfig":
         fmt = cfg.get("format")
         if fmt not in ("float-quantized", "naive-quantized"):
-            raise bad_config(FMT, f"format {fmt!r}: only fp8 weights (float-quantized) are "
-                             "supported")
+            raise bad_config(FMT, f"format {fmt!r}{_weights(cfg)}: only fp8 weights "
+                             "(float-quantized) are supported; for 4-bit weights use the "
+                             "model's AWQ or GPTQ checkpoint")
         if cfg.get("kv_cache_scheme"):
             raise bad_config(FMT, "kv_cache_scheme (quantized KV cache scales); use "
                              "--kv-cache-dtype fp8 instead")

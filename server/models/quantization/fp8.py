@@ -60,6 +60,14 @@ class Fp8LinearMethod(LinearMethod):
             block = (1, k)
         else:
             bn, bk = self.block
+            if k != input_size and k % bk:
+                # A rank's input slice must start on a block: else its columns would take
+                # the scales of the blocks the checkpoint's column blocks do not line up
+                # with (vLLM refuses the same).
+                raise bad_config("fp8", f"{layer.prefix}: the input partition {k} (of "
+                                 f"{input_size}, --tensor-parallel-size {layer.tp_size}) is "
+                                 f"not a multiple of the weight block of {bk} columns; use a "
+                                 "smaller --tensor-parallel-size")
             kb = -(-k // bk)
             if all(p % bn == 0 for p in output_partition_sizes):
                 scale = make_param(torch.empty(-(-n // bn), kb), output_dim=0, output_div=bn,

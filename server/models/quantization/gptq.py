@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from pagefleet.server.models.linear import ShardSpec, WeightLoadError, make_param, narrowed
+from pagefleet.server.models.linear import (ShardSpec, WeightLoadError, check_integer,
+                                            make_param, narrowed)
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
 from pagefleet.server.models.quantization.int4 import Int4Method, set_kernel_layout
 from pagefleet.server.ops.int4_packing import (gptq_zeros_from_qzeros, pack_rows,
@@ -49,8 +50,10 @@ class GPTQLinearMethod(Int4Method):
                              "are not multiples of 8")
         partitioned_in = k != input_size
         if partitioned_in and not self.desc_act and k % g:
-            raise bad_config("GPTQ", f"{layer.prefix}: the input partition {k} is not a "
-                             f"multiple of the group size {g}")
+            raise bad_config("GPTQ", f"{layer.prefix}: the input partition {k} (of "
+                             f"{input_size}, --tensor-parallel-size {layer.tp_size}) is not a "
+                             f"multiple of the group size {g}; use a smaller "
+                             "--tensor-parallel-size")
         # Row-parallel act-order layers keep every group (any row may use any of them).
         groups_in = partitioned_in and not self.desc_act and not per_channel
         groups = 1 if per_channel else -(-(k if groups_in else input_size) // g)
@@ -72,6 +75,7 @@ class GPTQLinearMethod(Int4Method):
     @staticmethod
     def _g_idx_loader(layer):
         def load(param, loaded, spec: ShardSpec, name: str) -> None:
+            check_integer(loaded.dtype, param.dtype, name)
             _, src = narrowed(param, loaded, spec, name)
             src = src.to(param.device, torch.int32)
             if layer.gptq_local_groups:   # this rank's scales start at its first group
@@ -140,6 +144,14 @@ class GPTQConfig(QuantConfig):
     def quantized_method(self, hf_prefixes):
         dtype = self.tensor_dtype(hf_prefixes[0] + ".scales") or torch.float16
         # g_idx is waited for where the checkpoint has it (it may sit in a later shard);
-        # without it the groups are the plain k // G.
-        has_g_idx = all(p + ".g_idx" in self.index for p in hf_prefixes)
+        # without it the groups are the plain k // G, which is right only without
+        # act-order: there the groups follow GPTQ's column order, which only g_idx gives
+        # (the fused parts share one, so one part's is enough).
+        has = [p + ".g_idx" in self.index for p in hf_prefixes]
+        if self.desc_act and not any(has):
+            raise bad_config("GPTQ", f"desc_act true (act-order), but {hf_prefixes[0]}.g_idx "
+                             "is missing: act-order rows are grouped by their g_idx, and the "
+                             "plain groups in its place would serve garbage. Use the "
+                             "checkpoint's files as the quantization tool wrote them.")
+        has_g_idx = all(has)
         return GPTQLinearMethod(self.group_size, self.desc_act, self.v1, dtype, has_g_idx)
