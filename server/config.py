@@ -201,7 +201,8 @@ class EngineConfig:
     quantization: str | None = opt(None, "Weight quantization: fp8 (fp8 checkpoints, or "
                                    "a bf16/fp16 one quantized at load), awq, gptq "
                                    "(awq_marlin, gptq_marlin: the same), compressed-tensors "
-                                   "(llm-compressor fp8 checkpoints, as fp8 takes them). "
+                                   "(llm-compressor checkpoints: fp8, as fp8 takes them, and "
+                                   "W4A16 pack-quantized 4-bit). "
                                    "Default: the checkpoint's quantization config; a flag "
                                    "that does not match the checkpoint is a startup error.",
                                    choices=QUANTIZATION_METHODS)

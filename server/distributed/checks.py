@@ -66,9 +66,10 @@ def check_devices(tp_size: int, device_type: str, num_gpus: int) -> None:
 
 def check_quantization(tp_size: int, quantization_config: dict | None,
                        source: str | None = None, flag: str | None = None) -> None:
-    """Quantized checkpoints shard like dense ones, except GPTQ act-order: a rank's
-    slice of a row-parallel layer mixes groups in an order our int4 kernels (one
-    contiguous group after the other) cannot follow. `source` (where the config was
+    """Quantized checkpoints shard like dense ones, except act-order (GPTQ desc_act,
+    compressed-tensors actorder group): a rank's slice of a row-parallel layer mixes
+    groups in an order our int4 kernels (one contiguous group after the other) cannot
+    follow. `source` (where the config was
     read) and `flag` (--quantization) tell the method of an old AutoGPTQ
     quantize_config.json, which names none."""
     q = quantization_config or {}
@@ -77,3 +78,10 @@ def check_quantization(tp_size: int, quantization_config: dict | None,
             "GPTQ checkpoints with act-order (desc_act: true) are not supported with "
             f"--tensor-parallel-size {tp_size} yet; use --tensor-parallel-size 1, or a "
             "checkpoint quantized with desc_act false.")
+    if tp_size > 1 and quantization_method(q, source, flag) == "compressed-tensors" and any(
+            (g.get("weights") or {}).get("actorder") in (True, "group", "dynamic")
+            for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)):
+        raise ConfigError(
+            "compressed-tensors checkpoints with act-order groups (actorder: group, "
+            f"weight_g_idx) are not supported with --tensor-parallel-size {tp_size} yet; use "
+            "--tensor-parallel-size 1, or a checkpoint quantized with actorder weight or null.")

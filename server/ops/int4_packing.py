@@ -12,6 +12,13 @@ the tests re-derive each word with a transcription of the original packing loops
   word `[r, n]` holds input row `8r + i`. `qzeros` int32 `[ceil(K / G), N // 8]`
   packed along the output dimension in plain order; format v1 (`checkpoint_format:
   gptq`) stores `zero - 1` (a whole-word subtraction of 0x11111111), v2 stores `zero`.
+- compressed-tensors `pack-quantized` (llm-compressor W4A16; `pack_to_int32` /
+  `unpack_from_int32` in compressed_tensors/compressors/pack_quantized/helpers.py):
+  signed values -8..7 stored plus 8 (`CT_OFFSET`), packed in plain order along one
+  dim, a partial last word padded with zero nibbles. `weight_packed` int32
+  `[N, ceil(K / 8)]` is packed along the input dim (nibble `i` of word `[n, j]` holds
+  column `8j + i`: the transpose of GPTQ's `qweight` when K % 8 == 0);
+  `weight_zero_point` int32 `[ceil(N / 8), groups]` along the output dim.
 
 The kernels read the GPTQ `qweight` layout (K-major words) for both formats, with the
 zero points unpacked to one byte each (`[groups, N]` uint8, or none when every zero
@@ -75,6 +82,36 @@ def unpack_rows(words: torch.Tensor) -> torch.Tensor:
     for i in range(8):
         out[:, i] = ((w64 >> _SHIFTS[i]) & 0xF).to(torch.uint8)
     return out.reshape(r * 8, n)
+
+
+CT_OFFSET = 8   # compressed-tensors stores int4 value v as the nibble v + 8
+
+
+def ct_pack(values: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """compressed-tensors' `pack_to_int32` for 4 bits: signed values -8..7 `[R, C]` ->
+    int32 words packed along `dim` (1: `[R, ceil(C / 8)]`, 0: `[ceil(R / 8), C]`), each
+    value stored + 8, nibble i of word j holding element 8j + i, a partial last word
+    padded with zero nibbles."""
+    if bool(((values < -CT_OFFSET) | (values >= CT_OFFSET)).any()):
+        raise ValueError("compressed-tensors int4 values must lie in -8..7")
+    v = values.to(torch.int64) + CT_OFFSET
+    if dim == 0:
+        v = v.t()
+    pad = -v.shape[1] % 8
+    if pad:
+        v = torch.nn.functional.pad(v, (0, pad))
+    words = pack_cols(v)
+    return (words.t() if dim == 0 else words).contiguous()
+
+
+def ct_unpack(words: torch.Tensor, size: int, dim: int = 1) -> torch.Tensor:
+    """The stored nibbles (value + 8, uint8 0..15) of compressed-tensors words packed
+    along `dim`, `size` elements along it (the inverse of `ct_pack`, before the - 8)."""
+    w = words.t() if dim == 0 else words
+    if not 0 <= w.shape[1] * 8 - size < 8:
+        raise ValueError(f"{w.shape[1]} words along dim {dim} cannot hold {size} values")
+    out = unpack_cols(w)[:, :size]
+    return out.t() if dim == 0 else out
 
 
 def gptq_v1_qzeros(zeros: torch.Tensor) -> torch.Tensor:

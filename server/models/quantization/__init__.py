@@ -7,6 +7,7 @@ agrees with it.
 | `fp8` | unquantized bf16/fp16/fp32: quantized at load | `fp8.py` |
 | `fp8` | `quant_method: fp8` (HF transformers, AutoFP8) | `fp8.py` |
 | `fp8`, `compressed-tensors` | `quant_method: compressed-tensors`, fp8 weights (llm-compressor) | `compressed_tensors.py` |
+| `compressed-tensors` | `quant_method: compressed-tensors`, `pack-quantized` 4-bit int weights (llm-compressor W4A16) | `compressed_tensors.py` |
 | `awq`, `awq_marlin` | `quant_method: awq` (AutoAWQ GEMM) | `awq.py` |
 | `gptq`, `gptq_marlin` | `quant_method: gptq` (GPTQModel / AutoGPTQ) | `gptq.py` |
 
@@ -103,7 +104,10 @@ def _quantized_tensors(index: dict[str, TensorInfo]) -> str | None:
     def has(suffix: str) -> bool:
         return any(n.endswith(suffix) for n in names)
 
-    if has(".qweight"):
+    if has(".weight_packed"):
+        kind = ("4-bit compressed-tensors pack-quantized tensors (weight_packed, "
+                "weight_scale, weight_shape: llm-compressor W4A16-like)")
+    elif has(".qweight"):
         kind = ("4-bit GPTQ-like tensors (qweight, qzeros, scales, g_idx)" if has(".g_idx")
                 else "4-bit AWQ-like tensors (qweight, qzeros, scales; no g_idx)")
     elif has(".weight_scale_inv"):
@@ -112,7 +116,8 @@ def _quantized_tensors(index: dict[str, TensorInfo]) -> str | None:
         kind = "fp8 tensors (float8_e4m3fn weights, weight_scale: llm-compressor-like)"
     else:
         kind = "quantized tensors (integer or 8-bit float weights)"
-    first = next((n for n in names if n.endswith((".qweight", ".weight"))), names[0])
+    first = next((n for n in names if n.endswith((".qweight", ".weight_packed", ".weight"))),
+                 names[0])
     return f"{kind}, e.g. {first} {found[first].dtype} {list(found[first].shape)}"
 
 

@@ -1,4 +1,4 @@
-"""What AWQ and GPTQ layers share after loading: the kernels' int4 layout and GEMM.
+"""What the 4-bit layers (AWQ, GPTQ, compressed-tensors W4A16) share after loading: the kernels' int4 layout and GEMM.
 
 After `process_weights_after_loading` a 4-bit layer holds `qweight` int32 `[K // 8, N]`
 (K-major words, see `ops/int4_packing.py`), `scales` `[groups, N]` in the checkpoint's dtype,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from pagefleet.server.models.linear import LinearBase, LinearMethod, make_param
+from pagefleet.server.models.linear import LinearBase, LinearMethod, WeightLoadError, make_param
 
 
 def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Tensor,
@@ -33,8 +33,23 @@ def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Te
         layer.perm = None
 
 
+def act_order_perm(g_idx: torch.Tensor, group_size: int, name: str) -> torch.Tensor | None:
+    """The row order that makes each group contiguous (None: `g_idx` is the plain
+    `k // G`). `g_idx` must be an act-order permutation of the plain groups (every group
+    `group_size` rows but a short last one); `name` is the tensor, for the error."""
+    g_idx = g_idx.to(torch.int64)
+    plain = torch.arange(g_idx.numel(), device=g_idx.device) // group_size
+    if torch.equal(g_idx, plain):
+        return None
+    perm = torch.sort(g_idx, stable=True).indices
+    if not torch.equal(g_idx[perm], plain):
+        raise WeightLoadError(f"{name}: groups are not all of size {group_size} (not an "
+                              "act-order permutation)")
+    return perm
+
+
 class Int4Method(LinearMethod):
-    """The GEMM half of the AWQ and GPTQ methods."""
+    """The GEMM half of the 4-bit methods."""
 
     def apply(self, layer, x, bias):
         if layer.perm is not None:
