@@ -91,12 +91,12 @@ def _build_tokenizer(path: Path, seed: int, vocab_size: int,
 
 def _arch_config(arch: str, vocab_size: int, hidden_size: int, num_layers: int,
                  num_heads: int, num_kv_heads: int, tie: bool, max_pos: int,
-                 eos_ids: list[int], pad_id: int) -> dict:
+                 eos_ids: list[int], pad_id: int, intermediate_size: int | None = None) -> dict:
     head_dim = hidden_size // num_heads
     cfg: dict = {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
-        "intermediate_size": hidden_size * 2 + 32,
+        "intermediate_size": intermediate_size or hidden_size * 2 + 32,
         "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
         "num_key_value_heads": num_kv_heads,
@@ -198,7 +198,8 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
                      max_position_embeddings: int = 2048,
                      chat_template: str | None = None,
                      added_tokens: tuple[str, ...] = (),
-                     rope_scaling: dict | None = None) -> Path:
+                     rope_scaling: dict | None = None,
+                     intermediate_size: int | None = None) -> Path:
     """Write a complete offline HF model directory and return its path.
 
     Deterministic for a given seed. Tied embeddings default to on for qwen3 (as the
@@ -206,7 +207,8 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
     plain ChatML one, e.g. `chat_templates.TOOLS_CHAT_TEMPLATE` to render tools;
     `added_tokens` become single vocabulary entries (a reasoning model's think tags).
     `rope_scaling` replaces the arch's (llama: llama3; the others: none), e.g. YaRN as
-    Qwen2.5's model card adds it; the weights do not depend on it.
+    Qwen2.5's model card adds it; the weights do not depend on it. `intermediate_size`
+    defaults to `2 * hidden_size + 32`.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
@@ -220,7 +222,7 @@ def build_tiny_model(path: str | os.PathLike, arch: str = "qwen3", *, seed: int 
     tok = AutoTokenizer.from_pretrained(str(path))
     eos_ids = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
     cfg = _arch_config(arch, n_tok, hidden_size, num_layers, num_heads, num_kv_heads, tie,
-                       max_position_embeddings, eos_ids, tok.pad_token_id)
+                       max_position_embeddings, eos_ids, tok.pad_token_id, intermediate_size)
     if rope_scaling is not None:
         cfg["rope_scaling"] = dict(rope_scaling)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))

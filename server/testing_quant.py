@@ -10,12 +10,17 @@ tools' tensor names, packing, dtypes and `quantization_config`:
 | `gptq` | GPTQModel (`pack_block`, v2 -> v1 `qzeros`, `QuantizeConfig.to_dict`) | `qweight`, `qzeros`, `scales`, `g_idx`, `bias` |
 | `fp8` | HF transformers (`Fp8Quantize`, `FineGrainedFP8Config`) | `weight` e4m3, `weight_scale_inv` |
 | `compressed-tensors` | llm-compressor / compressed-tensors (FP8_DYNAMIC, FP8, FP8_BLOCK) | `weight` e4m3, `weight_scale` |
+| `compressed-tensors`, `scheme="w4a16"` | llm-compressor / compressed-tensors (W4A16, W4A16_ASYM: the pack-quantized compressor) | `weight_packed`, `weight_scale`, `weight_shape` (, `weight_zero_point`, `weight_g_idx`) |
 
 The weights are quantized by rounding to nearest (no calibration data exists here: no
 AWQ scale search, no GPTQ error feedback), which changes how accurate the model is, not
 the file format. For GPTQ act-order, the column order GPTQ takes from the Hessian's
 diagonal comes from a seeded stand-in per input (so q/k/v, and gate/up, share one order
-as they do in real checkpoints, since they read one input).
+as they do in real checkpoints, since they read one input); the same for
+compressed-tensors W4A16 with `desc_act=True` (older llm-compressor's `actorder: group`,
+which stored `weight_g_idx`). compressed-tensors' `ignore` (`ignore=`, default
+`["lm_head"]`) takes module names and `re:` patterns as llm-compressor's recipes do;
+the projections it names are written unquantized.
 
 `legacy=True` writes what the older tools wrote instead, which carried the config only
 in a side file, with no `quant_method`: AutoGPTQ 0.4 (`BaseQuantizeConfig.to_dict()` in
@@ -44,7 +49,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pagefleet.server.ops.int4_packing import AWQ_ORDER, gptq_v1_qzeros, pack_cols, pack_rows
+from pagefleet.server.ops.int4_packing import (AWQ_ORDER, ct_pack, gptq_v1_qzeros, pack_cols,
+                                               pack_rows)
 
 FORMATS = ("awq", "gptq", "fp8", "compressed-tensors")
 FP8 = torch.float8_e4m3fn
@@ -176,6 +182,56 @@ def ct_fp8_quantize(w: torch.Tensor, strategy: str, block: tuple[int, int] | Non
     return {"weight": q, "weight_scale": scale}, q.float() * sf
 
 
+def ct_w4_quantize(w: torch.Tensor, group_size: int, sym: bool, scale_dtype: torch.dtype,
+                   perm: torch.Tensor | None = None
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """compressed-tensors' int4 weights (W4A16 / W4A16_ASYM; the min-max observer's
+    `calculate_qparams`, round to nearest) as its pack-quantized compressor stores them.
+    Values q in -8..7; symmetric: scale = max|w| / 7.5, no zero point; asymmetric:
+    scale = (max - min) / 15, zero point round(-8 - min / scale) in -8..7; the weight
+    is (q - zero) * scale. `group_size` -1: the channel strategy (one group a row).
+    `perm` (act-order): the groups run over the permuted columns, `weight_g_idx` maps
+    each original column to its group."""
+    n, k = w.shape
+    g = group_size if group_size > 0 else k
+    if k % g:   # compressed-tensors' _process_group refuses it too
+        raise ValueError(f"compressed-tensors needs in_features ({k}) to be a multiple of "
+                         f"the group size ({g})")
+    wf = w.float() if perm is None else w.float()[:, perm]
+    wg = wf.reshape(n, k // g, g)
+    mn, mx = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
+    scale = (torch.maximum(mn.abs(), mx) / 7.5 if sym else (mx - mn) / 15).to(scale_dtype)
+    scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale.float()).to(scale_dtype)
+    s = scale.float()
+    zp = torch.zeros_like(s) if sym else torch.round(-8 - mn / s).clamp(-8, 7)
+    qg = torch.round(wg / s[..., None] + zp[..., None]).clamp(-8, 7)
+    qp = qg.reshape(n, k)
+    deqp = ((qg - zp[..., None]) * s[..., None]).reshape(n, k)
+    tensors = {}
+    if perm is None:
+        q, deq = qp, deqp
+    else:
+        q, deq = torch.empty_like(qp), torch.empty_like(deqp)
+        q[:, perm], deq[:, perm] = qp, deqp
+    tensors["weight_packed"] = ct_pack(q.to(torch.int8), dim=1)            # [N, K/8]
+    tensors["weight_scale"] = scale                                         # [N, K/G]
+    tensors["weight_shape"] = torch.tensor([n, k])                          # int64
+    if not sym:
+        tensors["weight_zero_point"] = ct_pack(zp.to(torch.int8), dim=0)    # [N/8, K/G]
+    if perm is not None:
+        g_idx = torch.empty(k, dtype=torch.int32, device=w.device)
+        g_idx[perm] = (torch.arange(k, device=w.device) // g).to(torch.int32)
+        tensors["weight_g_idx"] = g_idx
+    return tensors, deq
+
+
+def ct_ignored(module: str, ignore: list[str]) -> bool:
+    """Whether compressed-tensors' `ignore` names this module (a name, or `re:` a
+    pattern matched from the start, as its `match_name` does)."""
+    return any(re.match(e[3:], module) if e.startswith("re:") else e == module
+               for e in ignore)
+
+
 # -- quantization_config as each tool writes it -------------------------------------------------
 
 def awq_config(group_size: int) -> dict:
@@ -213,28 +269,49 @@ def hf_fp8_config(block: tuple[int, int] | None) -> dict:
     return json.loads(json.dumps(cfg.to_dict()))
 
 
-def ct_config(strategy: str, block: tuple[int, int] | None, scale_dtype: torch.dtype) -> dict:
-    def args(**kw) -> dict:
-        base = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None,
-                "strategy": None, "block_structure": None, "dynamic": False, "actorder": None,
-                "scale_dtype": None, "zp_dtype": None, "observer": None, "observer_kwargs": {}}
-        base.update(kw)
-        return base
+def _ct_args(**kw) -> dict:
+    """compressed-tensors' QuantizationArgs, every field as it serializes them."""
+    base = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None,
+            "strategy": None, "block_structure": None, "dynamic": False, "actorder": None,
+            "scale_dtype": None, "zp_dtype": None, "observer": None, "observer_kwargs": {}}
+    base.update(kw)
+    return base
 
-    weights = args(strategy=strategy, block_structure=list(block) if strategy == "block" else None,
-                   observer="minmax")
-    if strategy == "block":
-        acts = args(strategy="group", group_size=block[1], dynamic=True)
-    else:
-        acts = args(strategy="token", dynamic=True)
+
+def _ct_quantization_config(group: dict, fmt: str, ignore: list[str]) -> dict:
     return {
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                      "input_activations": acts, "output_activations": None,
-                                      "format": "float-quantized"}},
-        "format": "float-quantized", "global_compression_ratio": None, "ignore": ["lm_head"],
+        "config_groups": {"group_0": dict(group, format=fmt)},
+        "format": fmt, "global_compression_ratio": None, "ignore": list(ignore),
         "kv_cache_scheme": None, "quant_method": "compressed-tensors",
         "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
         "version": "0.20.1"}
+
+
+def ct_config(strategy: str, block: tuple[int, int] | None, scale_dtype: torch.dtype,
+              ignore: list[str] = ("lm_head",)) -> dict:
+    weights = _ct_args(strategy=strategy,
+                       block_structure=list(block) if strategy == "block" else None,
+                       observer="minmax")
+    if strategy == "block":
+        acts = _ct_args(strategy="group", group_size=block[1], dynamic=True)
+    else:
+        acts = _ct_args(strategy="token", dynamic=True)
+    return _ct_quantization_config({"targets": ["Linear"], "weights": weights,
+                                    "input_activations": acts, "output_activations": None},
+                                   "float-quantized", ignore)
+
+
+def ct_w4_config(group_size: int, sym: bool, actorder: bool,
+                 ignore: list[str] = ("lm_head",)) -> dict:
+    """llm-compressor's W4A16 (symmetric) / W4A16_ASYM presets, or the channel strategy
+    (`group_size` -1); `actorder`: older llm-compressor's `actorder: group`."""
+    weights = _ct_args(num_bits=4, type="int", symmetric=sym,
+                       group_size=group_size if group_size > 0 else None,
+                       strategy="group" if group_size > 0 else "channel",
+                       actorder="group" if actorder else None, observer="minmax")
+    return _ct_quantization_config({"targets": ["Linear"], "weights": weights,
+                                    "input_activations": None, "output_activations": None},
+                                   "pack-quantized", ignore)
 
 
 # -- the writer ------------------------------------------------------------------------------
@@ -307,7 +384,8 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
                         block: tuple[int, int] | None = (128, 128), strategy: str = "channel",
                         dtype: torch.dtype | None = None,
                         dequantized_dir: str | Path | None = None, device: str = "cpu",
-                        shard_bytes: int = 4 << 30, seed: int = 0, legacy: bool = False) -> Path:
+                        shard_bytes: int = 4 << 30, seed: int = 0, legacy: bool = False,
+                        scheme: str = "fp8", ignore: list[str] = ("lm_head",)) -> Path:
     """Write `src` quantized to `fmt` into `dst` (see the module docstring).
 
     `dtype`: the dtype of everything left unquantized (and of scales where the format
@@ -315,9 +393,14 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
     source dtype for the fp8 formats. `block`: fp8 weight blocks (None: per tensor, for
     `fp8`); `strategy`: compressed-tensors' weight strategy (tensor, channel, block).
     `legacy`: AWQ and GPTQ (v1 zero points) with the older tools' side file only (see
-    the module docstring)."""
+    the module docstring). compressed-tensors: `scheme` fp8 or w4a16 (4-bit int
+    weights: `group_size` (-1: channel), `sym`, `desc_act` for `actorder: group`), and
+    `ignore`, the modules left unquantized."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {', '.join(FORMATS)}")
+    if scheme not in ("fp8", "w4a16"):
+        raise ValueError("scheme must be fp8 or w4a16 (compressed-tensors)")
+    w4 = fmt == "compressed-tensors" and scheme == "w4a16"
     if legacy and (fmt not in ("awq", "gptq") or checkpoint_format != "gptq"):
         raise ValueError("legacy: AutoAWQ 0.1 or AutoGPTQ 0.4 (v1 zero points) files only")
     src, dst = Path(src), Path(dst)
@@ -342,12 +425,13 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
                 t = f.get_tensor(name).to(device)
                 m = _PROJ.match(name)
                 out = None
-                if m is not None:
-                    prefix = name[:-len(".weight")]
+                prefix = name[:-len(".weight")]
+                if m is not None and not (fmt == "compressed-tensors" and
+                                          ct_ignored(prefix, ignore)):
                     w = t.to(out_dtype).float()   # the tool sees the model in its dtype
                     if fmt == "awq":
                         out = awq_quantize(w, group_size)
-                    elif fmt == "gptq":
+                    elif fmt == "gptq" or w4:
                         perm = None
                         if desc_act:
                             key = (int(m.group(1)), _INPUT[m.group(3)])
@@ -355,7 +439,8 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
                                 s = zlib.crc32(f"{seed}:{key}".encode())
                                 perms[key] = act_order(w.shape[1], s, w.device)
                             perm = perms[key]
-                        out = gptq_quantize(w, group_size, sym, perm, checkpoint_format == "gptq")
+                        out = (ct_w4_quantize(w, group_size, sym, out_dtype, perm) if w4 else
+                               gptq_quantize(w, group_size, sym, perm, checkpoint_format == "gptq"))
                     elif fmt == "fp8":
                         out = hf_fp8_quantize(w, block)
                     else:
@@ -376,7 +461,9 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
     qcfg = {"awq": lambda: awq_config(group_size),
             "gptq": lambda: gptq_config(group_size, sym, desc_act, checkpoint_format),
             "fp8": lambda: hf_fp8_config(block),
-            "compressed-tensors": lambda: ct_config(strategy, block, out_dtype)}[fmt]()
+            "compressed-tensors": lambda: (ct_w4_config(group_size, sym, desc_act, ignore) if w4
+                                           else ct_config(strategy, block, out_dtype, ignore)),
+            }[fmt]()
     out_cfg = dict(cfg, torch_dtype=_DTYPE_NAMES[out_dtype], quantization_config=qcfg)
     out_cfg.pop("dtype", None)
     if legacy:   # the old tools left config.json as transformers saved it
@@ -397,14 +484,20 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, group_siz
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Quantize an HF checkpoint to AWQ, GPTQ or fp8 "
-                                 "files as the standard tools write them (round to nearest).")
+    ap = argparse.ArgumentParser(description="Quantize an HF checkpoint to AWQ, GPTQ, fp8 or "
+                                 "compressed-tensors (fp8, W4A16) files as the standard tools "
+                                 "write them (round to nearest).")
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--format", choices=FORMATS, required=True)
     ap.add_argument("--group-size", type=int, default=128)
-    ap.add_argument("--asym", action="store_true", help="GPTQ sym=false")
-    ap.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
+    ap.add_argument("--asym", action="store_true", help="GPTQ sym=false; compressed-tensors "
+                    "w4a16: W4A16_ASYM (zero points)")
+    ap.add_argument("--desc-act", action="store_true", help="GPTQ act-order (compressed-tensors "
+                    "w4a16: actorder group)")
+    ap.add_argument("--scheme", default="fp8", choices=("fp8", "w4a16"),
+                    help="compressed-tensors: fp8 weights or 4-bit int weights "
+                    "(pack-quantized; --group-size -1: channel)")
     ap.add_argument("--checkpoint-format", default="gptq", choices=("gptq", "gptq_v2"))
     ap.add_argument("--block", default="128,128", help="fp8 weight block, or 'none'")
     ap.add_argument("--strategy", default="channel", choices=("tensor", "channel", "block"))
@@ -415,7 +508,8 @@ def main(argv: list[str] | None = None) -> None:
     block = None if a.block == "none" else tuple(int(x) for x in a.block.split(","))
     quantize_checkpoint(a.src, a.dst, a.format, group_size=a.group_size, sym=not a.asym,
                         desc_act=a.desc_act, checkpoint_format=a.checkpoint_format, block=block,
-                        strategy=a.strategy, device=a.device, legacy=a.legacy)
+                        strategy=a.strategy, device=a.device, legacy=a.legacy,
+                        scheme=a.scheme)
     print(f"wrote {a.dst}")
 
 

@@ -32,6 +32,12 @@ def ckpts(tmp_path_factory):
                                              desc_act=True, legacy=True)
     out["gptq-actorder"] = quantize_checkpoint(src, root / "gptq-actorder", "gptq",
                                                group_size=32, desc_act=True)
+    # llm-compressor W4A16_ASYM (pack-quantized), and older llm-compressor's actorder group
+    out["ct-w4a16"] = quantize_checkpoint(src, root / "ct-w4a16", "compressed-tensors",
+                                          scheme="w4a16", group_size=32, sym=False)
+    out["ct-w4a16-actorder"] = quantize_checkpoint(src, root / "ct-w4a16-actorder",
+                                                   "compressed-tensors", scheme="w4a16",
+                                                   group_size=32, desc_act=True)
     return out
 
 
@@ -58,6 +64,15 @@ def start(path, flag):
     ("gptq-legacy", "awq_marlin", ["GPTQ 4-bit checkpoint (quantize_config.json without "
                                    "quant_method", "desc_act true", "v1 zero points"]),
     ("gptq-legacy", "fp8", ["GPTQ 4-bit checkpoint"]),
+    # llm-compressor W4A16: only compressed-tensors (or no flag) fits
+    ("ct-w4a16", "awq", ["a compressed-tensors W4A16 checkpoint (pack-quantized, 4-bit int "
+                         "weights, group size 32, asymmetric (zero points))",
+                         "--quantization compressed-tensors"]),
+    ("ct-w4a16", "gptq", ["compressed-tensors W4A16 checkpoint"]),
+    ("ct-w4a16", "gptq_marlin", ["compressed-tensors W4A16 checkpoint"]),
+    ("ct-w4a16", "awq_marlin", ["compressed-tensors W4A16 checkpoint"]),
+    ("ct-w4a16", "fp8", ["compressed-tensors W4A16 checkpoint"]),
+    ("ct-w4a16-actorder", "gptq", ["symmetric, act-order weight_g_idx"]),
 ])
 def test_mismatched_flag_is_a_startup_error_naming_the_format(ckpts, ckpt, flag, names):
     with pytest.raises(ConfigError) as e:
@@ -74,7 +89,9 @@ def test_mismatched_flag_is_a_startup_error_naming_the_format(ckpts, ckpt, flag,
                                        ("compressed-tensors", "compressed-tensors"),
                                        ("awq-legacy", None), ("awq-legacy", "awq"),
                                        ("awq-legacy", "awq_marlin"), ("gptq-legacy", None),
-                                       ("gptq-legacy", "gptq"), ("gptq-legacy", "gptq_marlin")])
+                                       ("gptq-legacy", "gptq"), ("gptq-legacy", "gptq_marlin"),
+                                       ("ct-w4a16", None), ("ct-w4a16", "compressed-tensors"),
+                                       ("ct-w4a16-actorder", None)])
 def test_matching_flags_and_detection_load(ckpts, ckpt, flag):
     llm = start(ckpts[ckpt], flag)
     model = llm.engine.runner.model
@@ -106,7 +123,9 @@ def test_unknown_flag_and_unsupported_checkpoint_methods(ckpts, tmp_path):
     ("gptq", {"lm_head": True}, "quantized lm_head"),
     ("gptq", {"checkpoint_format": "marlin"}, "checkpoint_format"),
     ("fp8", {"activation_scheme": "weird"}, "activation_scheme"),
-    ("compressed-tensors", {"format": "pack-quantized"}, "only fp8 weights"),
+    # fp8 weights under the W4A16 format name: its scheme is checked against the format
+    ("compressed-tensors", {"format": "pack-quantized"}, "only 4-bit int weights"),
+    ("ct-w4a16", {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
 ])
 def test_unsupported_options_are_clear_errors(ckpts, tmp_path, fmt, patch, match):
     import shutil
@@ -209,6 +228,9 @@ def _strip_config(src, dst, new_key=None):
     ("gptq", "4-bit GPTQ-like tensors (qweight, qzeros, scales, g_idx)"),
     ("fp8", "fp8 tensors (float8_e4m3fn weights, weight_scale_inv"),
     ("compressed-tensors", "fp8 tensors (float8_e4m3fn weights, weight_scale:"),
+    ("ct-w4a16", "4-bit compressed-tensors pack-quantized tensors (weight_packed, weight_scale, "
+                 "weight_shape: llm-compressor W4A16-like), e.g. "
+                 "model.layers.0.mlp.down_proj.weight_packed I32"),
 ])
 @pytest.mark.parametrize("flag", [None, "awq", "fp8"])
 def test_quantized_tensors_without_a_config_are_named_not_called_unquantized(
@@ -321,7 +343,10 @@ def _edit(src, dst, cfg_patch=None, tensors=None):
 @pytest.mark.parametrize("fmt,tensor", [("awq", "self_attn.k_proj.qweight"),
                                         ("awq", "mlp.down_proj.qzeros"),
                                         ("gptq", "mlp.up_proj.qweight"),
-                                        ("gptq-actorder", "self_attn.q_proj.g_idx")])
+                                        ("gptq-actorder", "self_attn.q_proj.g_idx"),
+                                        ("ct-w4a16", "mlp.down_proj.weight_packed"),
+                                        ("ct-w4a16", "self_attn.v_proj.weight_zero_point"),
+                                        ("ct-w4a16-actorder", "mlp.up_proj.weight_g_idx")])
 def test_packed_integer_tensors_saved_as_floats_are_refused(ckpts, tmp_path, fmt, tensor):
     """A state dict cast wholesale to float16 (`{k: v.half() ...}`, a common slip when
     re-saving) turns the int32 words into float values: copied back into int32 they
@@ -386,21 +411,47 @@ def _ct_w4a16(q):
     group["weights"].update(num_bits=4, type="int", strategy="group", group_size=128)
 
 
-@pytest.mark.parametrize("patch,names", [
-    (_ct_w4a16, ["format 'pack-quantized'", "4-bit int weights", "group size 128"]),
-    (lambda q: (_ct_w4a16(q), q.update(format="mixed-precision")),
-     ["format 'mixed-precision'", "4-bit int weights"]),
-    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=8, type="int"),
-     ["8-bit int"]),
+def _ct_mixed(q):
+    """fp8 layers in one config group, W4A16 ones in another (mixed-precision)."""
+    fp8 = json.loads(json.dumps(q["config_groups"]["group_0"]))
+    _ct_w4a16(q)
+    q["config_groups"]["group_1"] = dict(fp8, targets=["re:.*down_proj"])
+    q["format"] = "mixed-precision"
+
+
+@pytest.mark.parametrize("src,patch,names", [
+    ("compressed-tensors", lambda q: (_ct_w4a16(q), q["config_groups"]["group_0"]["weights"]
+                                      .update(num_bits=8)),
+     ["pack-quantized weights 8-bit int", "only 4-bit int weights (W4A16)"]),
+    ("compressed-tensors", lambda q: q.update(format="int-quantized"),
+     ["format 'int-quantized'", "8-bit float weights"]),
+    ("compressed-tensors", lambda q: (_ct_w4a16(q), q.update(format="int-quantized")),
+     ["format 'int-quantized' (4-bit int weights, group strategy, group size 128)"]),
+    ("compressed-tensors", _ct_mixed,
+     ["format 'mixed-precision' with config groups in formats float-quantized, "
+      "pack-quantized", "4-bit int weights", "8-bit float weights"]),
+    ("ct-w4a16", lambda q: q["config_groups"]["group_0"].update(input_activations={
+        "num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}),
+     ["8-bit int input activations (W4A8)"]),
+    ("ct-w4a16", lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="tensor",
+                                                                           group_size=None),
+     ["4-bit weight strategy 'tensor'"]),
+    ("ct-w4a16", lambda q: q["config_groups"].update(group_1=dict(
+        q["config_groups"]["group_0"], targets=["re:.*down_proj"],
+        weights=dict(q["config_groups"]["group_0"]["weights"], group_size=128))),
+     ["2 different schemes in config_groups", "group size 32; 4-bit int weights, group "
+      "strategy, group size 128"]),
 ])
-def test_compressed_tensors_integer_schemes_name_their_weights(ckpts, tmp_path, patch, names):
-    """W4A16 (pack-quantized) is llm-compressor's most common output: refused at startup
-    with what its weights are, not only the format's name."""
-    d = _edit(ckpts["compressed-tensors"], tmp_path / "ct", patch)
+def test_compressed_tensors_integer_schemes_name_their_weights(ckpts, tmp_path, src, patch,
+                                                               names):
+    """Integer schemes other than W4A16 (W8A16, W4A8, int-quantized, formats mixed
+    across config groups): refused at startup with what the weights are, not only the
+    format's name."""
+    d = _edit(ckpts[src], tmp_path / "ct", patch)
     with pytest.raises(ConfigError) as e:
         start(d, None)
     msg = str(e.value)
-    assert "unsupported compressed-tensors checkpoint" in msg and "only fp8" in msg, msg
+    assert "unsupported compressed-tensors checkpoint" in msg, msg
     for n in names:
         assert n in msg, msg
 
@@ -435,6 +486,25 @@ def test_gguf_checkpoints_are_named(ckpts, tmp_path):
                                     t["model.layers.0.mlp.gate_proj.scales"][:-1]),
      ["model.layers.0.mlp.gate_proj.scales (model.safetensors): ",
       "does not match the layer's"]),
+    # llm-compressor W4A16
+    ("ct-w4a16", lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale"),
+     ["lacks weights for: model.layers.0.mlp.up_proj.weight_scale"]),
+    ("ct-w4a16", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight_zero_point"),
+     ["lacks weights for: model.layers.0.self_attn.k_proj.weight_zero_point"]),
+    ("ct-w4a16", lambda t: t.pop("model.layers.0.self_attn.o_proj.weight_packed"),
+     ["lacks weights for: model.layers.0.self_attn.o_proj.weight_packed"]),
+    ("ct-w4a16", lambda t: t.__setitem__("model.layers.0.self_attn.k_proj.weight_packed",
+                                         t["model.layers.0.self_attn.k_proj.weight_packed"][:, 1:].clone()),
+     ["model.layers.0.self_attn.k_proj.weight_packed (model.safetensors): ",
+      "does not match the layer's"]),
+    ("ct-w4a16", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_scale",
+                                         t["model.layers.0.mlp.down_proj.weight_scale"][:, :2].clone()),
+     ["model.layers.0.mlp.down_proj.weight_scale (model.safetensors): ",
+      "does not match the layer's"]),
+    ("ct-w4a16", lambda t: t.__setitem__("model.layers.0.mlp.gate_proj.weight_shape",
+                                         torch.tensor([160, 96])),
+     ["model.layers.0.mlp.gate_proj.weight_shape (model.safetensors): ",
+      "the checkpoint says the weight is [160, 96], but the model's config makes it [160, 64]"]),
 ])
 def test_missing_and_misshapen_tensors_are_named_as_the_checkpoint_names_them(
         ckpts, tmp_path, fmt, edit, names):
@@ -448,3 +518,28 @@ def test_missing_and_misshapen_tensors_are_named_as_the_checkpoint_names_them(
         load_decoder(d)
     for n in names:
         assert n in str(e.value), str(e.value)
+
+
+def test_compressed_tensors_act_order_without_g_idx_is_refused(ckpts, tmp_path):
+    """actorder group: each layer's rows are grouped by its weight_g_idx; without them
+    (stripped by a converter) the plain groups would serve garbage."""
+    from tests.server.quant_helpers import load_decoder
+
+    d = _edit(ckpts["ct-w4a16-actorder"], tmp_path / "no-g-idx", tensors=lambda t: [
+        t.pop(n) for n in list(t) if n.endswith(".weight_g_idx")])
+    with pytest.raises(ConfigError) as e:
+        load_decoder(d)
+    msg = str(e.value)
+    assert "actorder group" in msg and "model.layers.0.self_attn.q_proj.weight_g_idx" in msg, msg
+
+
+def test_tensor_parallel_check_refuses_compressed_tensors_act_order(ckpts):
+    from pagefleet.server.distributed.checks import check_quantization
+    from pagefleet.server.models.config import ModelConfig
+
+    cfg = ModelConfig.from_dir(ckpts["ct-w4a16-actorder"])
+    with pytest.raises(ConfigError, match="actorder: group"):
+        check_quantization(2, cfg.quantization_config, cfg.quantization_config_file)
+    check_quantization(1, cfg.quantization_config, cfg.quantization_config_file)
+    plain = ModelConfig.from_dir(ckpts["ct-w4a16"])
+    check_quantization(2, plain.quantization_config, plain.quantization_config_file)

@@ -5,7 +5,9 @@ greedy output equals HF transformers' on the dequantized weights, token for toke
 The quantized checkpoints come from `pagefleet.server.testing_quant` (the tools' file
 formats); the dequantized twin of each is the model the file means. Hidden 128,
 intermediate 288: GPTQ's group of 128 does not divide 288 (a short last group), AWQ
-uses groups of 32 (AutoAWQ needs K % G == 0) and whole-row groups.
+uses groups of 32 (AutoAWQ needs K % G == 0) and whole-row groups. compressed-tensors
+W4A16 needs K % G == 0 too: its group-128 cases use intermediate 256 (`arch/i256`), and
+its groups of 32 split down_proj's 288 rows into 9.
 """
 
 from __future__ import annotations
@@ -44,6 +46,21 @@ CASES = {
     "awq-legacy": ("qwen2", dict(fmt="awq", group_size=32, legacy=True), None),
     "gptq-legacy-actorder": ("qwen3", dict(fmt="gptq", group_size=32, desc_act=True,
                                            legacy=True), "gptq"),
+    # llm-compressor W4A16 (pack-quantized): W4A16 / W4A16_ASYM presets, channel strategy
+    "ct-w4a16-g128": ("qwen2/i256", dict(fmt="compressed-tensors", scheme="w4a16"), None),
+    "ct-w4a16-asym-g128": ("qwen3/i256", dict(fmt="compressed-tensors", scheme="w4a16",
+                                              sym=False), "compressed-tensors"),
+    "ct-w4a16-channel": ("qwen2", dict(fmt="compressed-tensors", scheme="w4a16",
+                                       group_size=-1), None),
+    "ct-w4a16-asym-channel": ("qwen3", dict(fmt="compressed-tensors", scheme="w4a16",
+                                            group_size=-1, sym=False), None),
+    # layer 1's gate/up in `ignore` (stored bf16), many small shards
+    "ct-w4a16-asym-g32-ignore": ("qwen2", dict(
+        fmt="compressed-tensors", scheme="w4a16", group_size=32, sym=False,
+        ignore=["lm_head", r"re:.*layers\.1\.mlp\.(gate|up)_proj$"], shard_bytes=12 << 10), None),
+    # older llm-compressor's actorder: group (weight_g_idx)
+    "ct-w4a16-actorder": ("qwen2", dict(fmt="compressed-tensors", scheme="w4a16", group_size=32,
+                                        desc_act=True), None),
 }
 
 
@@ -58,7 +75,10 @@ def quantized(tmp_path_factory):
         if name not in built:
             arch, kw, flag = CASES[name]
             if arch not in srcs:
-                srcs[arch] = build_tiny_model(root / f"src-{arch}", arch, seed=3, **TINY)
+                base, _, inter = arch.partition("/i")
+                srcs[arch] = build_tiny_model(root / f"src-{base}-{inter}", base, seed=3,
+                                              intermediate_size=int(inter) if inter else None,
+                                              **TINY)
             src = srcs[arch]
             if kw is None:       # quantized at load: the checkpoint is the bf16 one
                 built[name] = (src, fp8_row_reference(src, root / f"ref-{name}"), flag)
@@ -87,7 +107,8 @@ def test_logits_equal_dequantized_model(quantized, name):
 
 GREEDY = ["fp8-at-load", "fp8-hf-block", "ct-fp8-channel", "awq-g32", "awq-row",
           "gptq-sym-g128", "gptq-actorder-asym", "gptq-row-v2", "awq-legacy",
-          "gptq-legacy-actorder"]
+          "gptq-legacy-actorder", "ct-w4a16-g128", "ct-w4a16-asym-g128", "ct-w4a16-channel",
+          "ct-w4a16-asym-channel", "ct-w4a16-actorder"]
 
 
 @pytest.mark.parametrize("name", GREEDY)
@@ -154,3 +175,14 @@ def test_startup_log_reports_the_quantized_size(quantized, caplog):
     assert not sized_from_free_memory("cuda", kv_cache_memory=1 << 30)
     assert not sized_from_free_memory("cuda", num_kv_blocks=100)
     assert not sized_from_free_memory("cpu")
+
+
+def test_compressed_tensors_ignore_keeps_those_layers_dense(quantized):
+    """`ignore` names modules llm-compressor left in the model's dtype: they load
+    unquantized, the rest through the 4-bit kernels."""
+    qdir, _, flag = quantized("ct-w4a16-asym-g32-ignore")
+    model = load_decoder(qdir, quantization=flag)
+    assert model.layers[1].mlp.gate_up_proj.method.name == "unquantized"
+    assert model.layers[0].mlp.gate_up_proj.method.name == "compressed-tensors w4a16"
+    assert model.layers[1].mlp.down_proj.method.name == "compressed-tensors w4a16"
+    assert "asymmetric (zero points)" in model.quant.describe()

@@ -1,7 +1,9 @@
 """The quantizer writes what AutoAWQ, GPTQModel, HF transformers and llm-compressor
 write: packing words re-derived with transcriptions of those projects' own packing
 loops and from hand-computed values; HF transformers' own fp8 quantizer and its
-dequantizing loaders (fp8, compressed-tensors) read our files as we do."""
+dequantizing loaders (fp8, compressed-tensors fp8 and W4A16) read our files as we do,
+and compressed-tensors' own pack/unpack and pack-quantized compressor agree with ours
+word for word."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import json
 
 import pytest
 
-from pagefleet.server.ops.int4_packing import (AWQ_ORDER, gptq_v1_qzeros, gptq_zeros_from_qzeros,
-                                               pack_cols, pack_rows, unpack_cols, unpack_rows)
+from pagefleet.server.ops.int4_packing import (AWQ_ORDER, ct_pack, ct_unpack, gptq_v1_qzeros,
+                                               gptq_zeros_from_qzeros, pack_cols, pack_rows,
+                                               unpack_cols, unpack_rows)
 from pagefleet.server.testing import build_tiny_model
-from pagefleet.server.testing_quant import (awq_quantize, gptq_quantize, hf_fp8_quantize,
+from pagefleet.server.testing_quant import (awq_quantize, ct_w4_config, ct_w4_quantize,
+                                            gptq_quantize, hf_fp8_quantize,
                                             quantize_checkpoint)
 
 torch = pytest.importorskip("torch")
@@ -62,6 +66,78 @@ def test_hand_computed_words():
     assert pack_rows(cols.t()).item() == 0x76543210
     assert pack_cols(torch.full((1, 8), 15)).item() == -1             # 0xFFFFFFFF as int32
     assert gptq_v1_qzeros(torch.full((1, 8), 8)).item() == 0x77777777  # symmetric: 8 - 1
+
+
+def test_compressed_tensors_int4_words_by_hand():
+    """compressed-tensors' pack_to_int32 (4 bits): value v stored as v + 8, element 8j + i
+    in bits 4i..4i+3 of word j (plain order, low nibble first), along the last dim for
+    weight_packed and along the output dim (dim 0) for weight_zero_point; a partial
+    last word is padded with zero nibbles (not with the offset 8)."""
+    row = torch.arange(-8, 0, dtype=torch.int8)[None]                  # -8..-1 -> 0..7
+    assert ct_pack(row).item() == 0x76543210
+    assert ct_pack(row + 8).item() == 0xFEDCBA98 - (1 << 32)             # 8..15, as int32
+    assert ct_pack(torch.tensor([[0, 0, 0, 0, 0, 0, 0, -8]], dtype=torch.int8)).item() == \
+        0x08888888
+    assert ct_pack(row.t(), dim=0).item() == 0x76543210                  # along dim 0
+    assert ct_pack(torch.full((1, 3), 7, dtype=torch.int8)).item() == 0xFFF   # padded
+    two = ct_pack(torch.tensor([[-8, 7], [1, -1]] * 4, dtype=torch.int8), dim=0)
+    # column 0 is -8, 1, -8, 1, ... (nibbles 0, 9, ...); column 1 is 7, -1, ... (15, 7, ...)
+    assert two.shape == (1, 2) and two.tolist() == [[0x90909090 - (1 << 32), 0x7F7F7F7F]]
+    words = torch.tensor([[0x76543210, 0x0000000F]], dtype=torch.int32)
+    assert ct_unpack(words, 9).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 15]]
+    assert ct_unpack(words.t(), 9, dim=0).t().tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 15]]
+    # the kernels' words (GPTQ qweight layout, K-major) are weight_packed transposed
+    q = torch.randint(-8, 8, (16, 40), dtype=torch.int8)
+    assert torch.equal(ct_pack(q).t(), pack_rows((q.to(torch.int32) + 8).t()))
+    with pytest.raises(ValueError, match="-8..7"):
+        ct_pack(torch.tensor([[8]]))
+
+
+def test_compressed_tensors_own_packing_and_compressor_agree():
+    """compressed-tensors' own pack_to_int32 / unpack_from_int32 and its pack-quantized
+    compressor (compress: quantize + pack; decompress: unpack + dequantize) against ours,
+    on odd sizes and every W4A16 variant."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import (pack_to_int32,
+                                                                       unpack_from_int32)
+    from compressed_tensors.quantization import QuantizationConfig
+
+    v = torch.randint(-8, 8, (24, 43), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    for dim in (0, 1):
+        theirs = pack_to_int32(v, 4, packed_dim=dim)
+        assert torch.equal(theirs, ct_pack(v, dim))
+        ours = ct_unpack(theirs, v.shape[dim], dim).to(torch.int16) - 8
+        assert torch.equal(unpack_from_int32(theirs, 4, v.shape, packed_dim=dim), ours.to(torch.int8))
+    w = torch.randn(40, 256, generator=torch.Generator().manual_seed(2)) * 0.05
+    for gs, sym in ((128, True), (32, False), (-1, True), (-1, False)):
+        t, deq = ct_w4_quantize(w, gs, sym, torch.bfloat16)
+        scheme = QuantizationConfig.model_validate(ct_w4_config(gs, sym, False)).config_groups["group_0"]
+        names = ["weight_packed", "weight_scale", "weight_shape"] + ([] if sym else ["weight_zero_point"])
+        assert sorted(t) == sorted(names)
+        assert sorted(PackedQuantizationCompressor.compression_param_names(scheme)) == sorted(names)
+        assert t["weight_shape"].tolist() == [40, 256] and t["weight_shape"].dtype == torch.int64
+        # their decompress (float32 scales: exact) gives the weight the file means
+        out = PackedQuantizationCompressor.decompress(
+            dict(t, weight_scale=t["weight_scale"].float()), scheme)
+        assert torch.equal(out["weight"], deq)
+        # their compress of that weight, with our scales and zero points, gives our words
+        sd = {"weight": deq, "weight_scale": t["weight_scale"].float()}
+        if not sym:
+            sd["weight_zero_point"] = unpack_from_int32(
+                t["weight_zero_point"], 4, (40, t["weight_scale"].shape[1]), packed_dim=0)
+        c = PackedQuantizationCompressor.compress(sd, scheme)
+        assert torch.equal(c["weight_packed"], t["weight_packed"])
+        if not sym:
+            assert torch.equal(c["weight_zero_point"], t["weight_zero_point"])
+        groups = 1 if gs < 0 else 256 // gs
+        assert t["weight_scale"].shape == (40, groups) and t["weight_scale"].dtype == torch.bfloat16
+        assert t["weight_packed"].shape == (40, 32) and t["weight_packed"].dtype == torch.int32
+        if not sym:
+            assert t["weight_zero_point"].shape == (5, groups)
+            assert t["weight_zero_point"].dtype == torch.int32
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        ct_w4_quantize(torch.randn(8, 96), 64, True, torch.bfloat16)
 
 
 def test_packing_matches_the_tools_loops():
@@ -223,4 +299,42 @@ def test_compressed_tensors_reads_our_file_as_fp8_dynamic(written):
         str(q), dtype=torch.float32,
         quantization_config=CompressedTensorsConfig(dequantize=True)).state_dict()
     b = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).state_dict()
+    assert all(torch.equal(a[k].float(), b[k]) for k in b)
+
+
+@pytest.mark.parametrize("gs,sym", [(32, True), (-1, False)])
+def test_compressed_tensors_w4a16_file(written, gs, sym):
+    """Our W4A16 file as llm-compressor writes it: its quantization_config is the W4A16
+    (W4A16_ASYM) preset's as compressed-tensors parses it, the tensors are the
+    pack-quantized compressor's, and HF transformers' compressed-tensors loader
+    decompresses them to our dequantized reference."""
+    pytest.importorskip("compressed_tensors")
+    from safetensors import safe_open
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    q, ref = written("compressed-tensors", scheme="w4a16", group_size=gs, sym=sym)
+    qc = _config(q)["quantization_config"]
+    assert (qc["quant_method"], qc["format"], qc["quantization_status"], qc["ignore"]) == \
+        ("compressed-tensors", "pack-quantized", "compressed", ["lm_head"])
+    parsed = QuantizationConfig.model_validate(qc)
+    got = parsed.config_groups["group_0"].weights
+    want = preset_name_to_scheme("W4A16" if sym else "W4A16_ASYM", ["Linear"]).weights
+    for field in ("num_bits", "type", "symmetric", "dynamic", "actorder"):
+        assert getattr(got, field) == getattr(want, field), field
+    assert (got.strategy, got.group_size) == (("group", gs) if gs > 0 else ("channel", None))
+    assert parsed.config_groups["group_0"].input_activations is None
+    with safe_open(str(q / "model.safetensors"), "pt") as f:
+        p = "model.layers.0.mlp.down_proj."
+        names = {n for n in f.keys() if n.startswith(p)}
+        assert names == {p + n for n in ("weight_packed", "weight_scale", "weight_shape")
+                         + (() if sym else ("weight_zero_point",))}
+        assert f.get_slice(p + "weight_packed").get_dtype() == "I32"
+        assert f.get_slice(p + "weight_shape").get_dtype() == "I64"
+        assert f.get_slice("lm_head.weight").get_dtype() == "F32"
+    a = AutoModelForCausalLM.from_pretrained(
+        str(q), dtype=torch.float32,
+        quantization_config=CompressedTensorsConfig(dequantize=True)).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).state_dict()
+    assert a.keys() == b.keys()
     assert all(torch.equal(a[k].float(), b[k]) for k in b)

@@ -12,11 +12,12 @@ from pagefleet.server.models.linear import (MergedColumnParallelLinear, QKVParal
                                             WeightLoadError)
 from pagefleet.server.models.quantization.awq import AWQLinearMethod
 from pagefleet.server.models.quantization.base import QuantConfig
+from pagefleet.server.models.quantization.compressed_tensors import CompressedTensorsW4A16Method
 from pagefleet.server.models.quantization.fp8 import Fp8LinearMethod, Fp8OnlineMethod
 from pagefleet.server.models.quantization.gptq import GPTQLinearMethod
 from pagefleet.server.ops import quant
-from pagefleet.server.testing_quant import (act_order, awq_quantize, gptq_quantize,
-                                            hf_fp8_quantize)
+from pagefleet.server.testing_quant import (act_order, awq_quantize, ct_w4_quantize,
+                                            gptq_quantize, hf_fp8_quantize)
 from tests.server.quant_helpers import dense_weight, rel_err
 
 torch = pytest.importorskip("torch")
@@ -33,6 +34,11 @@ METHODS = {
     "fp8-block": (lambda: Fp8LinearMethod("block", (16, 32), aliases=ALIASES),
                   lambda w, perm: hf_fp8_quantize(w, (16, 32))[0]),
     "fp8-at-load": (lambda: Fp8OnlineMethod(), lambda w, perm: {"weight": w}),
+    "ct-w4a16-asym": (lambda: CompressedTensorsW4A16Method(32, False, False, torch.float16, False),
+                      lambda w, perm: ct_w4_quantize(w, 32, False, torch.float16)[0]),
+    "ct-w4a16-channel": (lambda: CompressedTensorsW4A16Method(-1, True, False, torch.bfloat16,
+                                                              False),
+                         lambda w, perm: ct_w4_quantize(w, -1, True, torch.bfloat16)[0]),
 }
 
 
