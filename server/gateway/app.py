@@ -340,7 +340,7 @@ class Gateway:
     async def generate(self, kind: str, path: str, request: Request, raw: bytes) -> Response:
         rid = request_id(request)
         t0 = time.perf_counter()
-        key_name = self.check_key(request)
+        key_name = request.state.key_name     # KeyCheckMiddleware's, before the body
         parsed = parse_request(kind, raw)
         model = self.resolve_model(parsed.model)
         self.check_model_key(model, request)
@@ -540,6 +540,33 @@ async def _until_disconnect(request: Request, work) -> Response:
     return Response(status_code=499)
 
 
+class KeyCheckMiddleware:
+    """The API key and the rate limit of a generation request, checked from its headers
+    before its body is read (`BodyLimitMiddleware` runs inside this one): a client with
+    no valid key, or over its rate, is refused without the gateway first buffering up to
+    --max-request-body-bytes for it, as the server checks its key (api/auth.py). The
+    key's name goes to the handler in the request's state."""
+
+    def __init__(self, app, gateway: Gateway, paths: frozenset[str]) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.paths = paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        try:
+            request.state.key_name = self.gateway.check_key(request)
+        except APIError as e:
+            rid = request_id(request)
+            log.log(logging.WARNING if e.status == 429 else logging.INFO,
+                    "request %s: %d %s", rid, e.status, e.message)
+            self.gateway.metrics.requests.labels("", str(e.status)).inc()
+            return await error_response(e, rid)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def build_app(gateway: Gateway) -> Starlette:
     def endpoint(kind: str, path: str) -> Callable:
         async def handler(request: Request) -> Response:
@@ -591,9 +618,9 @@ def build_app(gateway: Gateway) -> Starlette:
         finally:
             await gateway.stop()
 
+    generation = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
     routes = [
-        Route("/v1/chat/completions", endpoint("chat", "/v1/chat/completions"), methods=["POST"]),
-        Route("/v1/completions", endpoint("completion", "/v1/completions"), methods=["POST"]),
+        *(Route(path, endpoint(kind, path), methods=["POST"]) for path, kind in generation.items()),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -605,6 +632,8 @@ def build_app(gateway: Gateway) -> Starlette:
     # body used to cost the gateway seconds of CPU and gigabytes of memory per request.
     app.add_middleware(BodyLimitMiddleware, max_bytes=gateway.cfg.max_request_body_bytes,
                        timeout=gateway.cfg.request_body_timeout)
+    # ... and the key check before the body cap (the last added runs first)
+    app.add_middleware(KeyCheckMiddleware, gateway=gateway, paths=frozenset(generation))
     app.add_middleware(RequestIdMiddleware)
     return app
 

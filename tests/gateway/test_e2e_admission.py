@@ -6,6 +6,8 @@ hold: a request for a model with no ready replica waits until one appears."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 
 import httpx
@@ -336,5 +338,54 @@ def test_models_list_needs_a_key_with_an_api_keys_file(backends, tmp_path):
         # /health and /metrics stay open for probes and scrapers.
         assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
         assert httpx.get(gw.url + "/metrics", timeout=30).status_code == 200
+    finally:
+        gw.stop()
+
+
+def _partial_post(port: int, headers: str) -> bytes:
+    """A completion request whose headers promise 100,000 bytes of body and whose body
+    never comes; the reply, read until the gateway answers and closes (or 60 s)."""
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: 100000\r\n{headers}Connection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + b'{"model": "tiny", "prompt": "')
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_a_keyless_or_rate_limited_client_is_refused_before_its_body(backends, tmp_path):
+    """The key and the rate limit are checked from the headers, before the body is read:
+    a client without a valid key gets its 401 (over its rate, its 429) while its body is
+    still to come, not a 408 once --request-body-timeout has passed (the gateway used to
+    buffer up to --max-request-body-bytes for anyone before looking at the key). A keyed
+    request's body is read and served as before."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [
+        {"key": "sk-a", "name": "a"},
+        {"key": "sk-slow", "name": "slow", "requests_per_second": 0.001, "burst": 1}]}))
+    f = models_yaml(tmp_path / "m.yaml", [{"name": "tiny", "pools": [pool(backends["short-0"])]}])
+    gw = GatewayThread(f, api_keys_file=str(keys), request_body_timeout=60).start()
+    gw.wait_ready_endpoints("tiny", 1)
+    try:
+        for auth in ("", "Authorization: Bearer nope\r\n"):
+            data = _partial_post(gw.port, auth)
+            head, _, payload = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 401"), data[:300]
+            assert b"www-authenticate: bearer" in head.lower()
+            assert json.loads(payload)["error"]["type"] == "AuthenticationError"
+        with httpx.Client(base_url=gw.url, timeout=60) as c:
+            for key in ("sk-a", "sk-slow"):
+                r = c.post("/v1/completions", json=body(), headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200, r.text
+        data = _partial_post(gw.port, "Authorization: Bearer sk-slow\r\n")
+        head, _, payload = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429"), data[:300]
+        assert b"retry-after:" in head.lower()
+        assert "rate limit" in json.loads(payload)["error"]["message"]
+        metrics = gw.metrics()
+        assert gw_metric(metrics, "pagefleet_gateway_requests_total", model_name="",
+                         code="401") == 2
     finally:
         gw.stop()
