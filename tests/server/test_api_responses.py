@@ -308,6 +308,7 @@ def test_retrieve_is_an_openai_404_and_the_key_is_required(srv, client):
         client.responses.retrieve("resp_abc")
     r = httpx.get(srv.url + "/v1/responses/resp_abc", headers=AUTH, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+    assert "resp_abc" in r.json()["error"]["message"] and "not stored" in r.text
     assert httpx.post(srv.url + "/v1/responses", json={"input": "hi"},
                       timeout=10).status_code == 401
     assert httpx.get(srv.url + "/v1/responses/resp_abc", timeout=10).status_code == 401
