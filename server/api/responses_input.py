@@ -23,6 +23,7 @@ Anything else (item references, built-in tool calls) is a 400 naming the item.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -74,6 +75,20 @@ def _reasoning_text(item: dict, where: str) -> str:
     return "\n".join(pieces)
 
 
+def _check_arguments(args: str, param: str) -> None:
+    """A call's arguments must be a JSON object (templates read them parsed, as chat
+    checks them): named here by the input item, not by the chat message it becomes."""
+    if not args:
+        return
+    try:
+        value = json.loads(args)
+    except ValueError as e:
+        raise bad_request(f"{param}: not valid JSON ({e}); a function call's arguments "
+                          "must be a JSON object, sent as a string", param) from None
+    if not isinstance(value, dict):
+        raise bad_request(f"{param}: must be a JSON object", param)
+
+
 def input_messages(req: ResponsesRequest) -> list[dict]:
     """`instructions` and `input` -> chat messages (dicts)."""
     messages: list[dict] = []
@@ -118,6 +133,7 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
             call_id = _str(item.get("call_id"), f"{where}.call_id")
             name = _str(item.get("name"), f"{where}.name")
             args = _str(item.get("arguments", ""), f"{where}.arguments")
+            _check_arguments(args, f"{where}.arguments")
             turn = assistant_turn()
             turn.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name,

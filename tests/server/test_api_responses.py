@@ -255,6 +255,13 @@ def test_streamed_function_call_arguments(client):
         {"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0.type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
     ({"reasoning": {"effort": "xhigh"}}, "reasoning.effort"),
+    # the template does not read reasoning_effort: it could not change the output
+    ({"reasoning": {"effort": "low"}}, "reasoning.effort"),
+    ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text.verbosity"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"tool_choice": "auto", "tools": [WEATHER], "max_output_tokens": 4,
+      "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                 "arguments": "not json"}]}, "input.0.arguments"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
