@@ -32,6 +32,8 @@ from pagefleet.server.api.errors import (
 from pagefleet.server.api.http_metrics import HTTPMetricsMiddleware
 from pagefleet.server.api.metrics import MetricsListener, ServerMetrics
 from pagefleet.server.api.request_id import RequestIdMiddleware
+from pagefleet.server.api.responses import ResponsesServing
+from pagefleet.server.api.responses_protocol import ResponsesRequest
 from pagefleet.server.api.serving import OpenAIServing, cancel_on_disconnect
 from pagefleet.server.api.stats_log import log_stats_forever
 from pagefleet.server.config import ServerConfig
@@ -120,6 +122,7 @@ def build_app(served, server_cfg: ServerConfig, *,
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = serving
+    responses = ResponsesServing(serving)
     install_error_handlers(app)
     # Innermost first: the body cap runs after the key check (no body is read for a
     # 401), then the request id (401s and 413s carry it too), the request counter
@@ -163,6 +166,15 @@ def build_app(served, server_cfg: ServerConfig, *,
     @app.post("/v1/chat/completions", openapi_extra=body_schema(P.ChatCompletionRequest))
     async def chat(request: Request) -> Response:
         return await run(request, serving.chat)
+
+    @app.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+    async def responses_create(request: Request) -> Response:
+        return await run(request, responses.create)
+
+    @app.get("/v1/responses/{response_id}")
+    async def responses_retrieve(response_id: str) -> Response:
+        # Nothing is stored (see responses_protocol): always the OpenAI-shaped 404.
+        return error_response(responses.not_found(response_id))
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -547,7 +547,11 @@ class OpenAIServing:
         return tok.encode(text, add_special_tokens=add_special)
 
     def _prepare_chat(self, body: bytes, tok) -> Prepared:
-        req = parse(P.ChatCompletionRequest, body)
+        return self.prepare_chat_request(parse(P.ChatCompletionRequest, body), tok)
+
+    def prepare_chat_request(self, req: P.ChatCompletionRequest, tok) -> Prepared:
+        """A parsed chat request -> prompt ids and SamplingParams (every check chat
+        makes). /v1/responses maps its requests onto this too."""
         n, best_of = self._common_checks(req)
         if req.top_logprobs is not None:
             if not req.logprobs:

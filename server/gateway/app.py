@@ -1,6 +1,6 @@
 """The gateway: the `Gateway` object that owns the live fleet, and its ASGI app.
 
-Request path (`/v1/chat/completions`, `/v1/completions`):
+Request path (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`):
 
     request id -> body cap (413 / 408, before the body is read) -> API key (401)
       -> rate limit (429) -> parse (400) -> model (404)
@@ -618,7 +618,8 @@ def build_app(gateway: Gateway) -> Starlette:
         finally:
             await gateway.stop()
 
-    generation = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+    generation = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+                  "/v1/responses": "responses"}
     routes = [
         *(Route(path, endpoint(kind, path), methods=["POST"]) for path, kind in generation.items()),
         Route("/v1/models", models, methods=["GET"]),

@@ -20,20 +20,24 @@ from pydantic import ValidationError
 from pagefleet.server.api.chat import render_chat
 from pagefleet.server.api.errors import APIError
 from pagefleet.server.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagefleet.server.api.responses_input import to_chat_request
+from pagefleet.server.api.responses_protocol import ResponsesRequest
 
 log = logging.getLogger("pagefleet.gateway")
 
-KINDS = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
+KINDS = {"chat": ChatCompletionRequest, "completion": CompletionRequest,
+         "responses": ResponsesRequest}
 
 
 @dataclass
 class ParsedRequest:
-    kind: str                       # "chat" | "completion"
+    kind: str                       # "chat" | "completion" | "responses"
     model: str | None
     stream: bool
     max_tokens: int | None
     priority: int | None            # None: the body does not set it
-    body: Any                       # the validated request model
+    body: Any                       # the validated request model (responses: the chat
+                                    # request it maps onto, as the server maps it)
 
 
 def _field_error(e: ValidationError) -> APIError:
@@ -57,6 +61,12 @@ def parse_request(kind: str, raw: bytes) -> ParsedRequest:
         req = KINDS[kind].model_validate_json(raw)
     except ValidationError as e:
         raise _field_error(e) from None
+    if kind == "responses":
+        # The server serves /v1/responses as this chat request: the same messages, so
+        # the same rendered prompt and block hashes. Fields it refuses are 400s here too.
+        priority = req.priority if "priority" in req.model_fields_set else None
+        return ParsedRequest(kind, req.model, req.stream, req.max_output_tokens, priority,
+                             to_chat_request(req))
     if kind == "chat":
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
@@ -88,7 +98,7 @@ class PromptTokenizer:
     def prompts(self, parsed: ParsedRequest) -> list[list[int]]:
         """Token ids of each prompt (one for chat; completions may batch several)."""
         req = parsed.body
-        if parsed.kind == "chat":
+        if parsed.kind in ("chat", "responses"):
             text = render_chat(self.tokenizer, req.messages, template=self.chat_template,
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,

@@ -28,6 +28,7 @@ def test_no_generated_request_gets_a_server_error(fuzz_server):
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operations = [r.ok() for r in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions",
+                                              "/v1/responses",
                                               "/tokenize", "/detokenize"}
     seen: dict[str, set[int]] = {}
     for op in operations:
