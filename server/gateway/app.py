@@ -2,8 +2,8 @@
 
 Request path (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`):
 
-    request id -> body cap (413 / 408, before the body is read) -> API key (401)
-      -> rate limit (429) -> parse (400) -> model (404)
+    request id -> API key (401) -> rate limit (429), both from the headers
+      -> body cap (413 / 408, before the body is read) -> parse (400) -> model (404)
       -> render + tokenize per pool tokenizer -> smallest fitting context class (400)
       -> dispatcher: route now or wait in priority order (429 full / 503 timeout)
       -> upstream call (retry elsewhere before the first byte: connection failure,
