@@ -29,11 +29,11 @@ from __future__ import annotations
 import torch
 
 from pagefleet.server.models.linear import (ShardSpec, WeightLoadError, check_integer,
-                                            make_param, narrowed)
+                                            make_param)
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
 from pagefleet.server.models.quantization.fp8 import Fp8LinearMethod
 from pagefleet.server.models.quantization.int4 import (Int4Method, act_order_perm,
-                                                       set_kernel_layout)
+                                                       g_idx_loader, set_kernel_layout)
 from pagefleet.server.ops.int4_packing import ct_unpack, pack_rows
 
 FMT = "compressed-tensors"
@@ -249,9 +249,9 @@ class CompressedTensorsW4A16Method(Int4Method):
             weight_loader=self._shape_loader(layer)))
         layer.register_parameter("weight_g_idx", make_param(
             (torch.arange(k) // g).to(torch.int32), input_dim=0, required=self.has_g_idx,
-            weight_loader=self._g_idx_loader(layer)))
-        layer.ct_group = g
-        layer.ct_local_groups = groups_in
+            weight_loader=g_idx_loader(layer, "weight_g_idx")))
+        layer.int4_group = g
+        layer.int4_local_groups = groups_in
 
     @staticmethod
     def _shape_loader(layer):
@@ -266,23 +266,9 @@ class CompressedTensorsW4A16Method(Int4Method):
             param.data[layer.shard_ids.index(spec.shard_id)] = torch.tensor(got)
         return load
 
-    @staticmethod
-    def _g_idx_loader(layer):
-        def load(param, loaded, spec: ShardSpec, name: str) -> None:
-            check_integer(loaded.dtype, param.dtype, name)
-            _, src = narrowed(param, loaded, spec, name)
-            src = src.to(param.device, torch.int32)
-            if layer.ct_local_groups:   # this rank's scales start at its first group
-                src = src - spec.in_start // layer.ct_group
-            if layer.loaded_shards("weight_g_idx") and not torch.equal(src, param.data):
-                raise WeightLoadError(f"{name}: the fused parts of {layer.prefix} have "
-                                      "different act-order weight_g_idx; they must share one")
-            param.data.copy_(src)
-        return load
-
     def process_weights_after_loading(self, layer):
         k, n = layer.input_size_per_partition, sum(layer.output_partition_sizes)
-        perm = act_order_perm(layer.weight_g_idx.data, layer.ct_group,
+        perm = act_order_perm(layer.weight_g_idx.data, layer.int4_group,
                               f"{layer.prefix}.weight_g_idx")
         packed = layer.weight_packed.data
         # Words along K with the nibble of row 8j + i at bits 4i: the kernels' words, transposed.
@@ -292,7 +278,7 @@ class CompressedTensorsW4A16Method(Int4Method):
         for name in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
                      "weight_g_idx"):
             layer._parameters.pop(name, None)
-        set_kernel_layout(layer, qweight, scales, zeros, layer.ct_group, perm)
+        set_kernel_layout(layer, qweight, scales, zeros, layer.int4_group, perm)
 
 
 class CompressedTensorsW4A16Config(QuantConfig):

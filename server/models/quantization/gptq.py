@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from pagefleet.server.models.linear import (ShardSpec, WeightLoadError, check_integer,
-                                            make_param, narrowed)
+from pagefleet.server.models.linear import make_param
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
-from pagefleet.server.models.quantization.int4 import Int4Method, set_kernel_layout
+from pagefleet.server.models.quantization.int4 import (Int4Method, act_order_perm,
+                                                       g_idx_loader, set_kernel_layout)
 from pagefleet.server.ops.int4_packing import (gptq_zeros_from_qzeros, pack_rows,
                                                           unpack_rows)
 
@@ -68,37 +68,16 @@ class GPTQLinearMethod(Int4Method):
             input_div=g))
         layer.register_parameter("g_idx", make_param(
             (torch.arange(k) // g).to(torch.int32), input_dim=0, required=self.has_g_idx,
-            weight_loader=self._g_idx_loader(layer)))
-        layer.gptq_group = g
-        layer.gptq_local_groups = groups_in
-
-    @staticmethod
-    def _g_idx_loader(layer):
-        def load(param, loaded, spec: ShardSpec, name: str) -> None:
-            check_integer(loaded.dtype, param.dtype, name)
-            _, src = narrowed(param, loaded, spec, name)
-            src = src.to(param.device, torch.int32)
-            if layer.gptq_local_groups:   # this rank's scales start at its first group
-                src = src - spec.in_start // layer.gptq_group
-            if layer.loaded_shards("g_idx") and not torch.equal(src, param.data):
-                raise WeightLoadError(f"{name}: the fused parts of {layer.prefix} have "
-                                      "different act-order g_idx; they must share one order")
-            param.data.copy_(src)
-        return load
+            weight_loader=g_idx_loader(layer, "g_idx")))
+        layer.int4_group = g
+        layer.int4_local_groups = groups_in
 
     def process_weights_after_loading(self, layer):
-        g = layer.gptq_group
-        k = layer.qweight.shape[0] * 8
-        g_idx = layer.g_idx.data.to(torch.int64)
+        g = layer.int4_group
         zeros = gptq_zeros_from_qzeros(layer.qzeros.data, self.v1)
-        plain = torch.arange(k, device=g_idx.device) // g
-        perm = None
+        perm = act_order_perm(layer.g_idx.data, g, f"{layer.prefix}.g_idx")
         qweight = layer.qweight.data
-        if not torch.equal(g_idx, plain):
-            perm = torch.sort(g_idx, stable=True).indices
-            if not torch.equal(g_idx[perm], plain):
-                raise WeightLoadError(f"{layer.prefix}: g_idx groups are not all of size {g} "
-                                      "(not a GPTQ act-order permutation)")
+        if perm is not None:
             qweight = pack_rows(unpack_rows(qweight)[perm])
         set_kernel_layout(layer, qweight, layer.scales.data, zeros, g, perm)
 

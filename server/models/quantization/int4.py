@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from pagefleet.server.models.linear import LinearBase, LinearMethod, WeightLoadError, make_param
+from pagefleet.server.models.linear import (LinearBase, LinearMethod, ShardSpec, WeightLoadError,
+                                            check_integer, make_param, narrowed)
 
 
 def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Tensor,
@@ -46,6 +47,24 @@ def act_order_perm(g_idx: torch.Tensor, group_size: int, name: str) -> torch.Ten
         raise WeightLoadError(f"{name}: groups are not all of size {group_size} (not an "
                               "act-order permutation)")
     return perm
+
+
+def g_idx_loader(layer: LinearBase, tensor: str):
+    """The weight loader of an act-order group index (GPTQ `g_idx`, compressed-tensors
+    `weight_g_idx`): narrowed to this rank's rows, made local to this rank's scales where
+    a row-parallel rank holds only its own groups (`layer.int4_local_groups`), and one
+    order for every fused part (the kernels permute the shared input once)."""
+    def load(param, loaded, spec: ShardSpec, name: str) -> None:
+        check_integer(loaded.dtype, param.dtype, name)
+        _, src = narrowed(param, loaded, spec, name)
+        src = src.to(param.device, torch.int32)
+        if layer.int4_local_groups:   # this rank's scales start at its first group
+            src = src - spec.in_start // layer.int4_group
+        if layer.loaded_shards(tensor) and not torch.equal(src, param.data):
+            raise WeightLoadError(f"{name}: the fused parts of {layer.prefix} have "
+                                  f"different act-order {tensor}; they must share one order")
+        param.data.copy_(src)
+    return load
 
 
 class Int4Method(LinearMethod):
