@@ -374,6 +374,30 @@ def test_openai_client_raises_bad_request_and_server_stays_healthy(srv, client):
         is not None
 
 
+@pytest.mark.parametrize("item,param", [
+    ({"type": "reasoning", "content": 5}, "input.0.content"),
+    ({"type": "reasoning", "summary": True}, "input.0.summary"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000},
+     "input.0.arguments"),
+])
+def test_malformed_input_items_are_400s_not_500s(srv, item, param):
+    r = post(srv, {"model": "tiny", "input": [item, {"role": "user", "content": "hi"}],
+                   "max_output_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    if item["type"] == "function_call":
+        # the chat path the item maps onto checks a tool call's arguments the same way
+        c = httpx.post(srv.url + "/v1/chat/completions", headers=AUTH, timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                      "function": {"name": "f",
+                                                                   "arguments": item["arguments"]}}]},
+                {"role": "user", "content": "hi"}]})
+        assert c.status_code == 400, c.text
+        assert c.json()["error"]["param"] == "messages.0.tool_calls.0.function.arguments"
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
 def test_retrieve_is_an_openai_404_and_the_key_is_required(srv, client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_abc")
