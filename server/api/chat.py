@@ -76,7 +76,7 @@ def _tool_calls_for_template(calls: Any, index: int) -> Any:
         elif isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:     # RecursionError: too deep
                 where = f"messages.{index}.tool_calls.{j}.function.arguments"
                 raise bad_request(f"{where}: not valid JSON ({e}); a tool call's arguments "
                                   "must be a JSON object, sent as a string", where) from None

@@ -67,7 +67,10 @@ def _parts_text(content: Any, param: str, *, refusal_ok: bool) -> str:
 def _reasoning_text(item: dict, where: str) -> str:
     pieces = []
     for key in ("content", "summary"):
-        for j, part in enumerate(item.get(key) or ()):
+        parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise bad_request(f"{where}.{key}: expected a list of text parts", f"{where}.{key}")
+        for j, part in enumerate(parts):
             text = part.get("text") if isinstance(part, dict) else None
             pieces.append(_str(text, f"{where}.{key}.{j}.text"))
         if pieces:
@@ -82,7 +85,7 @@ def _check_arguments(args: str, param: str) -> None:
         return
     try:
         value = json.loads(args)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:     # RecursionError: nested too deep
         raise bad_request(f"{param}: not valid JSON ({e}); a function call's arguments "
                           "must be a JSON object, sent as a string", param) from None
     if not isinstance(value, dict):

@@ -47,24 +47,28 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
 
 def output_items(reasoning: str | None, content: str | None, calls: list[dict],
                  incomplete: bool) -> list[dict]:
-    """A finished chat message -> output items (`calls` in chat's `tool_calls` shape)."""
-    status = "incomplete" if incomplete else "completed"
+    """A finished chat message -> output items (`calls` in chat's `tool_calls` shape).
+    Only the last item can be cut by the limit: the ones before it were finished (as the
+    stream reports them)."""
     items = []
     if reasoning:
-        items.append(reasoning_item(new_id("rs"), reasoning, status))
+        items.append(reasoning_item(new_id("rs"), reasoning))
     if content or not (calls or reasoning):
-        items.append(message_item(new_id("msg"), content or "", status))
+        items.append(message_item(new_id("msg"), content or ""))
     for call in calls:
         fn = call["function"]
-        items.append(function_call_item(new_id("fc"), call["id"], fn["name"], fn["arguments"],
-                                        status))
+        items.append(function_call_item(new_id("fc"), call["id"], fn["name"], fn["arguments"]))
+    if incomplete:
+        items[-1]["status"] = "incomplete"
     return items
 
 
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int,
           reasoning_tokens: int) -> dict:
+    # cache_write_tokens (required by OpenAI's schema) counts writes to an explicit,
+    # billed cache with a retention; the prefix cache here has none.
     return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": cached_tokens},
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}

@@ -349,7 +349,8 @@ class Gateway:
         fits, ids_by_key, blocks = await self.fit(model, parsed)
         cls = fitting_class(fits, parsed.max_tokens)
         if not cls:
-            raise APIError(400, context_error(fits, parsed.max_tokens), "messages")
+            raise APIError(400, context_error(fits, parsed.max_tokens),
+                           "input" if kind == "responses" else "messages")
         ticket = Ticket(rid, model, priority, tuple(p.name for p in cls), ids_by_key,
                         _blocks=blocks)
         res = await self.dispatcher.acquire(ticket)

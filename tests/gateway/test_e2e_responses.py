@@ -50,6 +50,12 @@ def test_responses_relay_route_by_the_rendered_input_and_stream(backends, tmp_pa
             assert long_r.headers["x-pagefleet-endpoint"] == "long-0"
             used = long_r.json()["usage"]["input_tokens"]
             assert metric(long_.metrics(), "vllm:prompt_tokens_total") - before == used > 256
+            # No pool holds it: the gateway's 400 names the field as the server does.
+            too_long = {"model": "tiny", "input": " ".join(WORDS * 200), "max_output_tokens": 4}
+            r = c.post("/v1/responses", json=too_long)
+            direct_r = httpx.post(long_.url + "/v1/responses", json=too_long, timeout=120)
+            assert r.status_code == direct_r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == direct_r.json()["error"]["param"] == "input"
             refused = c.post("/v1/responses", json={"model": "tiny", "input": "hi",
                                                     "previous_response_id": "resp_1"})
             assert refused.status_code == 400, refused.text

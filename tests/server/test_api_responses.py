@@ -12,6 +12,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from pagefleet.server.chat_templates import TOOLS_CHAT_TEMPLATE
 from tests.server.helpers_serve import API_KEY, ThreadServer
@@ -236,6 +238,68 @@ def test_streamed_function_call_arguments(client):
     assert got == want and args == want[0][1]
 
 
+def raw_events(srv, body: dict) -> list[dict]:
+    """The SSE events of a streamed request, as sent (`event:` name = its `type`)."""
+    events, name = [], None
+    with httpx.stream("POST", srv.url + "/v1/responses", json={**body, "stream": True},
+                      headers=AUTH, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[len("event: "):]
+            elif line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+                assert events[-1]["type"] == name
+    return events
+
+
+def without_ids(output: list[dict]) -> list[dict]:
+    return [{k: v for k, v in o.items() if k not in ("id", "call_id")} for o in output]
+
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(input="The scheduler sends a batch", max_output_tokens=12, temperature=0),
+    # several calls, the last one cut by the limit: only that one is incomplete
+    dict(input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
+         parallel_tool_calls=True, temperature=1.0, max_output_tokens=100, seed=7),
+    dict(input="a number", temperature=1.0, max_output_tokens=200, seed=1,
+         text={"format": {"type": "json_schema", "name": "x", "schema": SCHEMA,
+                          "strict": True}}),
+])
+def test_strictly_valid_events_and_the_stream_ends_with_the_whole_output(srv, kw):
+    """Every body validates (strictly) as the openai client's types; the events are
+    numbered, their item ids and indexes agree, and `response.completed`/`incomplete`
+    carries the output (statuses included) the non-streamed request returns."""
+    body = {"model": "tiny", **kw}
+    r = post(srv, body)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    Response.model_validate(whole)
+    events = raw_events(srv, body)
+    for e in events:
+        STREAM_EVENT.validate_python(e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    ids = {}
+    for e in events:
+        if e["type"] == "response.output_item.added":
+            ids[e["output_index"]] = e["item"]["id"]
+        elif "output_index" in e:
+            assert ids[e["output_index"]] == e.get("item_id", e.get("item", {}).get("id")), e
+    final = events[-1]["response"]
+    Response.model_validate(final)
+    if "tools" in kw:
+        assert len(whole["output"]) >= 2 and whole["status"] == "incomplete", whole
+        assert [o["status"] for o in whole["output"]][-2:] == ["completed", "incomplete"]
+    assert without_ids(final["output"]) == without_ids(whole["output"])
+    for k in ("status", "incomplete_details", "tools", "tool_choice", "text", "temperature",
+              "top_p", "max_output_tokens", "parallel_tool_calls"):
+        assert final[k] == whole[k], k
+    assert final["usage"]["output_tokens"] == whole["usage"]["output_tokens"]
+
+
 # -- what is refused ----------------------------------------------------------------------
 @pytest.mark.parametrize("extra,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
@@ -308,6 +372,30 @@ def test_openai_client_raises_bad_request_and_server_stays_healthy(srv, client):
     assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
     assert client.responses.create(model="tiny", input="hi", max_output_tokens=2).output_text \
         is not None
+
+
+@pytest.mark.parametrize("item,param", [
+    ({"type": "reasoning", "content": 5}, "input.0.content"),
+    ({"type": "reasoning", "summary": True}, "input.0.summary"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000},
+     "input.0.arguments"),
+])
+def test_malformed_input_items_are_400s_not_500s(srv, item, param):
+    r = post(srv, {"model": "tiny", "input": [item, {"role": "user", "content": "hi"}],
+                   "max_output_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    if item["type"] == "function_call":
+        # the chat path the item maps onto checks a tool call's arguments the same way
+        c = httpx.post(srv.url + "/v1/chat/completions", headers=AUTH, timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                      "function": {"name": "f",
+                                                                   "arguments": item["arguments"]}}]},
+                {"role": "user", "content": "hi"}]})
+        assert c.status_code == 400, c.text
+        assert c.json()["error"]["param"] == "messages.0.tool_calls.0.function.arguments"
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
 
 
 def test_retrieve_is_an_openai_404_and_the_key_is_required(srv, client):
