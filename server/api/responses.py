@@ -44,8 +44,9 @@ class ResponsesServing:
 
     def _prepare(self, body: bytes, tok) -> tuple[ResponsesRequest, Prepared]:
         req = parse(ResponsesRequest, body)
+        chat = to_chat_request(req)   # its errors already name the Responses fields
         try:
-            return req, self.serving.prepare_chat_request(to_chat_request(req), tok)
+            return req, self.serving.prepare_chat_request(chat, tok)
         except APIError as e:
             raise to_responses_error(e) from None
 

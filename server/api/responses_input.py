@@ -30,8 +30,8 @@ from pydantic import ValidationError
 
 from pagefleet.server.api import protocol as P
 from pagefleet.server.api.errors import APIError, bad_request, to_api_error
-from pagefleet.server.api.responses_protocol import (BUILTIN_TOOLS, ResponsesRequest,
-                                                     refused_field)
+from pagefleet.server.api.responses_protocol import (BUILTIN_TOOLS, SAMPLING_PASSTHROUGH,
+                                                     ResponsesRequest, refused_field)
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 CHAT_EFFORTS = ("minimal", "low", "medium", "high")
@@ -240,6 +240,7 @@ def to_chat_request(req: ResponsesRequest) -> P.ChatCompletionRequest:
         "reasoning_effort": reasoning_effort(req.reasoning)}
     if req.parallel_tool_calls is not None:
         body["parallel_tool_calls"] = req.parallel_tool_calls
+    body.update({k: getattr(req, k) for k in SAMPLING_PASSTHROUGH if getattr(req, k) is not None})
     try:
         return P.ChatCompletionRequest.model_validate(
             {k: v for k, v in body.items() if v is not None or k == "max_completion_tokens"})

@@ -6,7 +6,10 @@ only declares its shape and the fields this server cannot honour. A field that w
 change the result and cannot be honoured is a 400 naming it (`refused_field`), never a
 200 that ignores it. Fields that cannot change the output (`user`,
 `safety_identifier`, `prompt_cache_key`, `stream_options`) are accepted and not used;
-`metadata` is echoed back.
+`metadata` is echoed back. vLLM's sampling extras (`SAMPLING_PASSTHROUGH`: penalties,
+`top_k`, `min_p`, `stop`, ...) are honoured through the chat request; chat's own names
+(`max_tokens`, `messages`, `response_format`, `n`, `logprobs`) are 400s that name this
+API's field. Other unknown fields are ignored, as on the chat endpoint.
 
 There is no response store: `store` left out or `false` is served (OpenAI's default
 is true, but clients send nothing unless it is set, and nothing is kept here); an
@@ -58,6 +61,33 @@ class ResponsesRequest(_Base):
     max_tool_calls: Any = None
     top_logprobs: Any = None
     context_management: Any = None
+    # Chat's names for what this API names otherwise, or has not (REFUSED_FIELDS)
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    messages: Any = None
+    response_format: Any = None
+    n: Any = None
+    logprobs: Any = None
+    # vLLM's sampling extras: not in OpenAI's Responses API, but vLLM's ResponsesRequest
+    # takes the penalties, and a client sending one means it; each goes to the chat
+    # request as it is (checked there, errors naming the same field).
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    repetition_penalty: Any = None
+    stop: Any = None
+    stop_token_ids: Any = None
+    ignore_eos: Any = None
+    min_tokens: Any = None
+    logit_bias: Any = None
+    include_stop_str_in_output: Any = None
+
+
+# Sampling fields passed to the chat request unchanged (declared above).
+SAMPLING_PASSTHROUGH = ("frequency_penalty", "presence_penalty", "top_k", "min_p",
+                        "repetition_penalty", "stop", "stop_token_ids", "ignore_eos",
+                        "min_tokens", "logit_bias", "include_stop_str_in_output")
 
 
 # field -> (values that change nothing and pass, why any other value is refused). A
@@ -84,6 +114,15 @@ REFUSED_FIELDS: dict[str, tuple[tuple, str]] = {
                            "/v1/chat/completions"),
     "context_management": ((), "server-side context compaction is not supported"),
     "service_tier": (("auto", "default"), "service tiers are not supported"),
+    "max_tokens": ((), "a /v1/chat/completions field; /v1/responses takes max_output_tokens"),
+    "max_completion_tokens": ((), "a /v1/chat/completions field; /v1/responses takes "
+                                  "max_output_tokens"),
+    "messages": ((), "a /v1/chat/completions field; /v1/responses takes input (and "
+                     "instructions)"),
+    "response_format": ((), "a /v1/chat/completions field; /v1/responses takes text.format"),
+    "n": ((1,), "a response has one output; use /v1/chat/completions for n > 1"),
+    "logprobs": ((False,), "logprobs are not returned by /v1/responses; use "
+                           "/v1/chat/completions"),
 }
 
 

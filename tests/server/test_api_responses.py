@@ -432,3 +432,37 @@ def test_reasoning_item_equals_chat_reasoning_content(r1_srv):
     with c.responses.stream(**kw) as stream:
         deltas = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
     assert deltas == chat_reasoning
+
+
+def test_vllm_sampling_extras_are_honoured_and_chat_names_are_refused(client, srv):
+    """vLLM's sampling extras (not OpenAI's Responses fields) reach the sampler as on
+    chat: a stop string cuts the text where chat's does, a penalty changes what chat's
+    does; chat's own names for Responses fields are 400s naming the field to use."""
+    prompt = "The scheduler sends a batch"
+    free = chat(client, [{"role": "user", "content": prompt}], max_tokens=16, temperature=0)
+    text = free.choices[0].message.content
+    stop = text.strip()[len(text.strip()) // 2:][:2]
+    assert stop
+    for extra in ({"stop": [stop]}, {"repetition_penalty": 1.8, "top_k": 3},
+                  {"frequency_penalty": 1.5, "min_tokens": 4}):
+        r = client.responses.create(model="tiny", input=prompt, max_output_tokens=16,
+                                    temperature=0, extra_body=extra)
+        c = chat(client, [{"role": "user", "content": prompt}], max_tokens=16, temperature=0,
+                 extra_body=extra)
+        assert r.output_text == c.choices[0].message.content, extra
+    cut = client.responses.create(model="tiny", input=prompt, max_output_tokens=16,
+                                  temperature=0, extra_body={"stop": [stop]})
+    assert stop not in cut.output_text and len(cut.output_text) < len(text)
+    bad = post(srv, {"model": "tiny", "input": prompt, "top_k": -5})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_k", bad.text
+    for field, value, hint in (("max_tokens", 8, "max_output_tokens"),
+                               ("messages", [{"role": "user", "content": "x"}], "input"),
+                               ("response_format", {"type": "json_object"}, "text.format"),
+                               ("n", 2, "n > 1"), ("logprobs", True, "/v1/chat/completions")):
+        r = post(srv, {"model": "tiny", "input": prompt, field: value})
+        assert r.status_code == 400, (field, r.text)
+        err = r.json()["error"]
+        assert err["param"] == field and hint in err["message"], err
+    ok = post(srv, {"model": "tiny", "input": prompt, "n": 1, "logprobs": False,
+                    "max_output_tokens": 2})
+    assert ok.status_code == 200, ok.text
