@@ -214,6 +214,9 @@ class LinearBase(nn.Module):
             self.bias = None
         self._loaded: set[tuple[str, Hashable]] = set()
         self.processed = False
+        # The checkpoint's module of each shard (model.layers.0.self_attn.q_proj, ...), set
+        # by the loader; errors found after loading name those, not the fused prefix.
+        self.checkpoint_prefixes: list[str] | None = None
 
     # -- partition arithmetic (the TP helper extends these) ---------------------------------
     def _in_partition(self) -> int:
@@ -274,6 +277,13 @@ class LinearBase(nn.Module):
                 if (name, sid) not in self._loaded:
                     out.append(name if sid is None else f"{name}[{sid}]")
         return out
+
+    def checkpoint_name(self, tensor: str) -> str:
+        """The checkpoint's names of this layer's `tensor` (one per fused part), for
+        errors; the fused name where no loader said (a layer built on its own)."""
+        if not self.checkpoint_prefixes:
+            return f"{self.prefix}.{tensor}"
+        return ", ".join(f"{p}.{tensor}" for p in self.checkpoint_prefixes)
 
     def loaded_shards(self, name: str) -> set[Hashable]:
         return {sid for n, sid in self._loaded if n == name}

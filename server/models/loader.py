@@ -90,14 +90,25 @@ def _route(hf_name: str) -> tuple[str, str, object] | None:
 _HF_PART = {fused: proj for proj, fused in _FUSED.items()}
 
 
-def _hf_tensor(layer_name: str, missing: str) -> str:
+def _hf_module(layer_name: str, shard) -> str:
+    """The checkpoint's module of one part of a fused layer (layers.0.self_attn.qkv_proj,
+    shard 'k' -> model.layers.0.self_attn.k_proj)."""
+    prefix, _, fused = layer_name.rpartition(".")
+    return f"model.{prefix}{'.' if prefix else ''}{_HF_PART.get((fused, shard), fused)}"
+
+
+def _hf_tensor(layer_name: str, missing: str, layer: LinearBase | None = None,
+               suffixes: set[str] = frozenset()) -> str:
     """The checkpoint's name of a tensor a fused layer still lacks (`LinearBase.missing`:
-    `qzeros[k]` of layers.0.self_attn.qkv_proj -> model.layers.0.self_attn.k_proj.qzeros)."""
+    `qzeros[k]` of layers.0.self_attn.qkv_proj -> model.layers.0.self_attn.k_proj.qzeros).
+    A parameter the method loads under another name (HF fp8's `weight_scale_inv` into
+    `weight_scale`) is named as the checkpoint's other tensors (`suffixes`) name it."""
     name, _, sid = missing.partition("[")
     sid = sid.rstrip("]")
-    prefix, fused = layer_name.rsplit(".", 1)
     shard = (int(sid) if sid.isdigit() else sid) if sid else None
-    return f"model.{prefix}.{_HF_PART.get((fused, shard), fused)}.{name}"
+    aliases = getattr(getattr(layer, "method", None), "aliases", {})
+    names = [a for a, p in aliases.items() if p == name and a in suffixes]
+    return f"{_hf_module(layer_name, shard)}.{names[0] if names else name}"
 
 
 def _param_name(name: str) -> str:
@@ -141,6 +152,8 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     finally:
         torch.set_default_dtype(prev)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, LinearBase)}
+    for n, layer in linears.items():   # for errors found once a layer is complete
+        layer.checkpoint_prefixes = [_hf_module(n, sid) for sid in layer.shard_ids]
     params = {n: p for n, p in model.named_parameters() if not any(
         n.startswith(ln + ".") for ln in linears)}
     filled = dict.fromkeys(params, False)
@@ -186,7 +199,9 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                 dest.copy_(tensor.to(dtype))
                 filled[name] = True
     missing = [n for n, ok in filled.items() if not ok]
-    missing += [_hf_tensor(n, t) for n, layer in linears.items() for t in layer.missing()]
+    suffixes = {name.rsplit(".", 1)[-1] for name in index}
+    missing += [_hf_tensor(n, t, layer, suffixes) for n, layer in linears.items()
+                for t in layer.missing()]
     if missing:
         raise WeightLoadError(f"checkpoint in {model_dir} lacks weights for: {', '.join(missing[:8])}"
                               + (" ..." if len(missing) > 8 else ""))

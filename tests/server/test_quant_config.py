@@ -505,6 +505,9 @@ def test_gguf_checkpoints_are_named(ckpts, tmp_path):
                                          torch.tensor([160, 96])),
      ["model.layers.0.mlp.gate_proj.weight_shape (model.safetensors): ",
       "the checkpoint says the weight is [160, 96], but the model's config makes it [160, 64]"]),
+    # HF fp8 names its scales weight_scale_inv (the layer's parameter is weight_scale)
+    ("fp8", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight_scale_inv"),
+     ["lacks weights for: model.layers.0.self_attn.k_proj.weight_scale_inv"]),
 ])
 def test_missing_and_misshapen_tensors_are_named_as_the_checkpoint_names_them(
         ckpts, tmp_path, fmt, edit, names):
@@ -518,6 +521,33 @@ def test_missing_and_misshapen_tensors_are_named_as_the_checkpoint_names_them(
         load_decoder(d)
     for n in names:
         assert n in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("fmt,proj,tensor", [("gptq-actorder", "self_attn", "g_idx"),
+                                              ("ct-w4a16-actorder", "mlp", "weight_g_idx")])
+def test_bad_act_order_groups_are_named_as_the_checkpoint_names_them(ckpts, tmp_path, fmt,
+                                                                     proj, tensor):
+    """A g_idx that is no act-order permutation of the groups is found when the fused
+    layer is complete: the error names the checkpoint's tensors (q_proj.g_idx, ...,
+    gate_proj.weight_g_idx), not the fused layer's (qkv_proj.g_idx, gate_up_proj...),
+    which no file has."""
+    from pagefleet.server.models.linear import WeightLoadError
+    from tests.server.quant_helpers import load_decoder
+
+    parts = ("q_proj", "k_proj", "v_proj") if proj == "self_attn" else ("gate_proj", "up_proj")
+
+    def one_group(t):
+        for p in parts:
+            t[f"model.layers.0.{proj}.{p}.{tensor}"].zero_()
+
+    d = _edit(ckpts[fmt], tmp_path / fmt, tensors=one_group)
+    with pytest.raises(WeightLoadError) as e:
+        load_decoder(d)
+    msg = str(e.value)
+    assert "groups are not all of size 32" in msg, msg
+    for p in parts:
+        assert f"model.layers.0.{proj}.{p}.{tensor}" in msg, msg
+    assert "_proj." + tensor in msg and "qkv_proj" not in msg and "gate_up_proj" not in msg, msg
 
 
 def test_compressed_tensors_act_order_without_g_idx_is_refused(ckpts, tmp_path):

@@ -39,6 +39,14 @@ METHODS = {
     "ct-w4a16-channel": (lambda: CompressedTensorsW4A16Method(-1, True, False, torch.bfloat16,
                                                               False),
                          lambda w, perm: ct_w4_quantize(w, -1, True, torch.bfloat16)[0]),
+    "ct-w4a16-sym": (lambda: CompressedTensorsW4A16Method(16, True, False, torch.bfloat16, False),
+                     lambda w, perm: ct_w4_quantize(w, 16, True, torch.bfloat16)[0]),
+    "ct-w4a16-asym-channel": (lambda: CompressedTensorsW4A16Method(-1, False, False,
+                                                                   torch.float32, False),
+                              lambda w, perm: ct_w4_quantize(w, -1, False, torch.float32)[0]),
+    "ct-w4a16-actorder": (lambda: CompressedTensorsW4A16Method(32, False, True, torch.float16,
+                                                               True),
+                          lambda w, perm: ct_w4_quantize(w, 32, False, torch.float16, perm)[0]),
 }
 
 
@@ -85,7 +93,7 @@ def load(layer, ckpt) -> None:
 @pytest.mark.parametrize("kind", ["qkv", "qkv-kv1", "merged", "row"])
 def test_partitions_put_together_are_the_whole_layer(method, kind):
     make_method, make = METHODS[method]
-    if method == "gptq-actorder" and kind == "row":
+    if method in ("gptq-actorder", "ct-w4a16-actorder") and kind == "row":
         # Row-parallel act-order keeps every group on every rank (any row may use any
         # group); sorting a rank's rows by group needs the TP runner's own layout: until
         # then such a partition is refused clearly.
@@ -204,3 +212,21 @@ def test_grouped_int4_split_mid_group_names_tensor_parallelism():
     with pytest.raises(ConfigError, match=r"input partition 64 .*--tensor-parallel-size 2"):
         RowParallelLinear(128, 64, bias=False, method=AWQLinearMethod(48, torch.float16),
                           tp_rank=0, tp_size=2, params_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("method", [
+    lambda: CompressedTensorsW4A16Method(-1, True, False, torch.bfloat16, False),
+    lambda: GPTQLinearMethod(-1, False, True, torch.float16)])
+def test_int4_words_split_by_tensor_parallel_name_the_partition(method):
+    """A K or N that is a multiple of 8 loads on one device; split over ranks into
+    slices that are not (200 / 2 = 100 rows, 40 / 2 = 20 columns) the message says the
+    partition and the flag, not 'input size 100', a size the checkpoint does not have."""
+    RowParallelLinear(200, 64, bias=False, method=method(), params_dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"input partition 100 \(of 200, "
+                                          r"--tensor-parallel-size 2\).*multiple of 8"):
+        RowParallelLinear(200, 64, bias=False, method=method(), tp_rank=0, tp_size=2,
+                          params_dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"output partition sizes \[20\] \(of \[40\], "
+                                          r"--tensor-parallel-size 2\).*multiples of 8"):
+        MergedColumnParallelLinear(64, [40], bias=False, method=method(), tp_rank=0,
+                                   tp_size=2, params_dtype=torch.float32)

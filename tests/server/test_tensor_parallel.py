@@ -116,10 +116,12 @@ def test_tp2_every_rank_takes_hf_overrides(tiny_models):
 @pytest.mark.parametrize("fmt,kw,flag", [
     ("awq", {"group_size": -1}, None),
     ("gptq", {"group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"}, "gptq_marlin"),
-    ("compressed-tensors", {"strategy": "channel"}, None)])
+    ("compressed-tensors", {"strategy": "channel"}, None),
+    # llm-compressor W4A16_ASYM, channel strategy: packed words, zero points, weight_shape
+    ("compressed-tensors", {"scheme": "w4a16", "group_size": -1, "sym": False}, None)])
 def test_tp2_quantized_checkpoints(tmp_path, fmt, kw, flag):
-    """The quant methods' parameters shard too (int4 AWQ and GPTQ per channel, fp8 per
-    channel): greedy TP=2 equals HF on the dequantized weights the checkpoint means.
+    """The quant methods' parameters shard too (int4 AWQ, GPTQ and W4A16 per channel, fp8
+    per channel): greedy TP=2 equals HF on the dequantized weights the checkpoint means.
     (Grouped int4 needs each rank's input slice to hold whole groups, which the tiny
     models' intermediate size 2h+32 never allows at TP=2; real models' do.)"""
     from pagefleet.server.testing import build_tiny_model

@@ -33,7 +33,8 @@ from pagefleet.server.models.linear import (ShardSpec, WeightLoadError, check_in
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
 from pagefleet.server.models.quantization.fp8 import Fp8LinearMethod
 from pagefleet.server.models.quantization.int4 import (Int4Method, act_order_perm,
-                                                       g_idx_loader, set_kernel_layout)
+                                                       check_words, g_idx_loader,
+                                                       set_kernel_layout)
 from pagefleet.server.ops.int4_packing import ct_unpack, pack_rows
 
 FMT = "compressed-tensors"
@@ -220,12 +221,7 @@ class CompressedTensorsW4A16Method(Int4Method):
         # rank of a row-parallel layer (its scales are not split along the input).
         per_channel = self.group_size <= 0
         g = k if per_channel else self.group_size
-        if k % 8:
-            raise bad_config(FMT, f"{layer.prefix}: input size {k} is not a multiple of 8 "
-                             "(the int4 kernels' words hold 8 input rows)")
-        if any(p % 8 for p in output_partition_sizes):
-            raise bad_config(FMT, f"{layer.prefix}: output sizes {output_partition_sizes} "
-                             "are not multiples of 8")
+        check_words(FMT, layer, k, input_size, output_partition_sizes)
         partitioned_in = k != input_size
         if partitioned_in and not self.actorder and not per_channel and k % g:
             raise bad_config(FMT, f"{layer.prefix}: the input partition {k} (of {input_size}, "
@@ -269,7 +265,7 @@ class CompressedTensorsW4A16Method(Int4Method):
     def process_weights_after_loading(self, layer):
         k, n = layer.input_size_per_partition, sum(layer.output_partition_sizes)
         perm = act_order_perm(layer.weight_g_idx.data, layer.int4_group,
-                              f"{layer.prefix}.weight_g_idx")
+                              layer.checkpoint_name("weight_g_idx"))
         packed = layer.weight_packed.data
         # Words along K with the nibble of row 8j + i at bits 4i: the kernels' words, transposed.
         qweight = packed.t() if perm is None else pack_rows(ct_unpack(packed, k).t()[perm])

@@ -23,7 +23,8 @@ import torch
 from pagefleet.server.models.linear import make_param
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
 from pagefleet.server.models.quantization.int4 import (Int4Method, act_order_perm,
-                                                       g_idx_loader, set_kernel_layout)
+                                                       check_words, g_idx_loader,
+                                                       set_kernel_layout)
 from pagefleet.server.ops.int4_packing import (gptq_zeros_from_qzeros, pack_rows,
                                                           unpack_rows)
 
@@ -43,11 +44,7 @@ class GPTQLinearMethod(Int4Method):
         # rank of a row-parallel layer (its scales are not split along the input).
         per_channel = self.group_size <= 0
         g = k if per_channel else self.group_size
-        if k % 8:
-            raise bad_config("GPTQ", f"{layer.prefix}: input size {k} is not a multiple of 8")
-        if any(p % 8 for p in output_partition_sizes):
-            raise bad_config("GPTQ", f"{layer.prefix}: output sizes {output_partition_sizes} "
-                             "are not multiples of 8")
+        check_words("GPTQ", layer, k, input_size, output_partition_sizes)
         partitioned_in = k != input_size
         if partitioned_in and not self.desc_act and k % g:
             raise bad_config("GPTQ", f"{layer.prefix}: the input partition {k} (of "
@@ -75,7 +72,7 @@ class GPTQLinearMethod(Int4Method):
     def process_weights_after_loading(self, layer):
         g = layer.int4_group
         zeros = gptq_zeros_from_qzeros(layer.qzeros.data, self.v1)
-        perm = act_order_perm(layer.g_idx.data, g, f"{layer.prefix}.g_idx")
+        perm = act_order_perm(layer.g_idx.data, g, layer.checkpoint_name("g_idx"))
         qweight = layer.qweight.data
         if perm is not None:
             qweight = pack_rows(unpack_rows(qweight)[perm])

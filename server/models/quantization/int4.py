@@ -13,6 +13,7 @@ import torch
 
 from pagefleet.server.models.linear import (LinearBase, LinearMethod, ShardSpec, WeightLoadError,
                                             check_integer, make_param, narrowed)
+from pagefleet.server.models.quantization.base import bad_config
 
 
 def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Tensor,
@@ -32,6 +33,26 @@ def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Te
         layer.register_buffer("perm", perm.to(torch.int64), persistent=False)
     else:
         layer.perm = None
+
+
+def check_words(fmt: str, layer: LinearBase, k: int, input_size: int,
+                output_partition_sizes: list[int]) -> None:
+    """The kernels' words hold 8 input rows, and zero points 8 output columns: K and each
+    fused output part must be multiples of 8. Where tensor parallelism split them, say
+    the partition and the flag (the checkpoint's own sizes may well be multiples of 8)."""
+    tp = f"--tensor-parallel-size {layer.tp_size}"
+    if k % 8:
+        what = (f"the input partition {k} (of {input_size}, {tp})" if k != input_size
+                else f"input size {k}")
+        raise bad_config(fmt, f"{layer.prefix}: {what} is not a multiple of 8 (the int4 "
+                         "kernels' words hold 8 input rows)"
+                         + ("; use a smaller --tensor-parallel-size" if k != input_size else ""))
+    if any(p % 8 for p in output_partition_sizes):
+        split = output_partition_sizes != layer.output_sizes
+        what = (f"output partition sizes {output_partition_sizes} (of {layer.output_sizes}, "
+                f"{tp}) are" if split else f"output sizes {output_partition_sizes} are")
+        raise bad_config(fmt, f"{layer.prefix}: {what} not multiples of 8"
+                         + ("; use a smaller --tensor-parallel-size" if split else ""))
 
 
 def act_order_perm(g_idx: torch.Tensor, group_size: int, name: str) -> torch.Tensor | None:
