@@ -107,6 +107,15 @@ def tiny_models(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def tools_model(tiny_models):
+    """The tiny qwen3 with the hermes tools template and think tokens, which the chat
+    and Responses API tests share (one build a session)."""
+    from pagefleet.server.chat_templates import TOOLS_CHAT_TEMPLATE
+    return tiny_models("qwen3-tools", arch="qwen3", chat_template=TOOLS_CHAT_TEMPLATE,
+                       added_tokens=("<think>", "</think>"))
+
+
 # -- spreading the suite over the xdist workers ----------------------------------------------
 #
 # `-n 2 --dist loadfile` (pyproject addopts) runs each test file on one worker: module

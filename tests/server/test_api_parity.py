@@ -14,7 +14,6 @@ import jsonschema
 import openai
 import pytest
 
-from pagefleet.server.chat_templates import TOOLS_CHAT_TEMPLATE
 from tests.server.helpers_serve import ThreadServer, metric, wait_for
 
 WEATHER = {"type": "function", "function": {
@@ -27,12 +26,6 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {
         "zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
         "additionalProperties": False}}}
-
-
-@pytest.fixture(scope="module")
-def tools_model(tiny_models):
-    return tiny_models("qwen3-tools", arch="qwen3", chat_template=TOOLS_CHAT_TEMPLATE,
-                       added_tokens=("<think>", "</think>"))
 
 
 @pytest.fixture(scope="module")

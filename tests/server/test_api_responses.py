@@ -15,7 +15,6 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from pagefleet.server.chat_templates import TOOLS_CHAT_TEMPLATE
 from tests.server.helpers_serve import API_KEY, ThreadServer
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -30,12 +29,6 @@ CHAT_WEATHER = {"type": "function", "function": {
     "strict": True}}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
           "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def tools_model(tiny_models):
-    return tiny_models("qwen3-tools", arch="qwen3", chat_template=TOOLS_CHAT_TEMPLATE,
-                       added_tokens=("<think>", "</think>"))
 
 
 @pytest.fixture(scope="module")

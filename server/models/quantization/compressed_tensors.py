@@ -112,6 +112,18 @@ def _format(cfg: dict) -> str | None:
                      "scheme) for all quantized layers is supported")
 
 
+def _one_scheme(cfg: dict, parse, what: str, described: str) -> tuple:
+    """The config's one scheme, `parse`d from each of its config_groups (after the checks
+    every format shares): one scheme serves every layer, so groups that differ are an
+    error (`what`: the kind named in it; `described`: what the weights are, or '')."""
+    _check_common(cfg)
+    schemes = {parse(g) for g in (cfg.get("config_groups") or {}).values()}
+    if len(schemes) != 1:
+        raise bad_config(FMT, f"{len(schemes)} different schemes in config_groups{described} "
+                         f"(one {what} scheme for all layers is supported)")
+    return schemes.pop()
+
+
 def _check_common(cfg: dict) -> None:
     if cfg.get("kv_cache_scheme"):
         raise bad_config(FMT, "kv_cache_scheme (quantized KV cache scales); use "
@@ -139,13 +151,7 @@ class CompressedTensorsConfig(QuantConfig):
             raise bad_config(FMT, f"format {fmt!r}{_weights(cfg)}: supported are fp8 weights "
                              "(float-quantized) and 4-bit int weights (pack-quantized, "
                              "W4A16)")
-        _check_common(cfg)
-        groups = cfg.get("config_groups") or {}
-        schemes = {_scheme(g) for g in groups.values()}
-        if len(schemes) != 1:
-            raise bad_config(FMT, f"{len(schemes)} different schemes in config_groups (one "
-                             "fp8 scheme for all layers is supported)")
-        kind, block, static = schemes.pop()
+        kind, block, static = _one_scheme(cfg, _scheme, "fp8", "")
         return cls(index, kind, block, static, fmt)
 
     def describe(self) -> str:
@@ -289,13 +295,7 @@ class CompressedTensorsW4A16Config(QuantConfig):
 
     @classmethod
     def from_config(cls, cfg: dict, index) -> "CompressedTensorsW4A16Config":
-        _check_common(cfg)
-        groups = cfg.get("config_groups") or {}
-        schemes = {_w4_scheme(g) for g in groups.values()}
-        if len(schemes) != 1:
-            raise bad_config(FMT, f"{len(schemes)} different schemes in config_groups{_weights(cfg)} "
-                             "(one 4-bit scheme for all layers is supported)")
-        size, sym, actorder = schemes.pop()
+        size, sym, actorder = _one_scheme(cfg, _w4_scheme, "4-bit", _weights(cfg))
         return cls(index, size, sym, actorder, _format(cfg))
 
     def describe(self) -> str:
