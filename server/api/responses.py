@@ -137,9 +137,13 @@ class ResponsesServing:
                 for e in ev.finish(final_body):
                     yield _event(e)
             except Exception as exc:  # noqa: BLE001 - report in-band once streaming
-                err = to_api_error(exc)
+                err = to_responses_error(to_api_error(exc))
                 yield _event(ev.event("error", code=str(err.status), message=err.message,
                                       param=err.param))
+                failed = body_of("failed", None, [], self._usage(prep, acc,
+                                                                 "".join(reasoning_text)))
+                for e in ev.fail(failed, err.status, err.message, err.param):
+                    yield _event(e)
 
         return streaming_response(events())
 

@@ -14,7 +14,8 @@ Input items:
   text parts; image, file and audio parts are refused (no multimodal models here);
 - `{"type": "function_call", "call_id", "name", "arguments"}`: an assistant tool call
   (consecutive calls and a preceding assistant message form one assistant turn);
-- `{"type": "function_call_output", "call_id", "output"}`: a `tool` message;
+- `{"type": "function_call_output", "call_id", "output"}`: a `tool` message (its
+  `call_id` must be an earlier `function_call`'s, as OpenAI requires);
 - `{"type": "reasoning", "content"/"summary"}`: handed to the next assistant turn as
   its `reasoning_content` (templates that keep past reasoning read it; the others
   drop it, as they do on chat).
@@ -103,6 +104,7 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
     if not req.input:
         raise bad_request("input: must not be empty", "input")
     reasoning: str | None = None      # a reasoning item waiting for its assistant turn
+    calls: set[str] = set()           # call ids of the function calls so far
 
     def assistant_turn() -> dict:
         """The assistant message a function call joins: the last one, or a new one."""
@@ -137,12 +139,18 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
             name = _str(item.get("name"), f"{where}.name")
             args = _str(item.get("arguments", ""), f"{where}.arguments")
             _check_arguments(args, f"{where}.arguments")
+            calls.add(call_id)
             turn = assistant_turn()
             turn.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name,
                                                                  "arguments": args}})
         elif kind == "function_call_output":
             call_id = _str(item.get("call_id"), f"{where}.call_id")
+            if call_id not in calls:   # OpenAI's rule and wording; a chat template would
+                # render an answer to no call, which the model never saw asked
+                raise bad_request(f"{where}.call_id: No tool call found for function call "
+                                  f"output with call_id {call_id!r}: the function_call item "
+                                  "it answers must come earlier in input", f"{where}.call_id")
             output = _parts_text(item.get("output"), f"{where}.output", refusal_ok=False)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
@@ -255,6 +263,11 @@ _PARAM_NAMES = (("max_completion_tokens", "max_output_tokens"),
                 ("messages", "input"))
 
 
+_INPUT_WORDS = (("in the messages", "in the input"), ("length of the messages",
+                                                        "length of the input"),
+                ("the input messages", "the input"))
+
+
 def _rename(text: str) -> str:
     for chat, responses in _PARAM_NAMES:
         if text.startswith(chat):
@@ -276,4 +289,7 @@ def to_responses_error(err: APIError) -> APIError:
     message = err.message
     if message.startswith(err.param):
         message = param + message[len(err.param):]
+    if param == "input":   # the context-length wording (PromptTooLongError) speaks chat's
+        for chat, responses in _INPUT_WORDS:
+            message = message.replace(chat, responses)
     return APIError(err.status, message, param, headers=err.headers)

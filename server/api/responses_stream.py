@@ -15,6 +15,9 @@ adds after the reasoning and tool parsers (`reasoning(text)`, `text(text)`,
     response.output_item.done
     response.completed                    (response.incomplete when cut by the limit)
 
+An error once the stream has begun is an `error` event, then `response.failed` with the
+items so far (the open one incomplete) and the response's `error`.
+
 One item is open at a time: output of another kind (or a new tool call) closes it and
 opens the next, so the items come in the order the model wrote them. The final
 response carries exactly the items the events built.
@@ -135,6 +138,18 @@ class ResponseEvents:
         if self.items or self._open is not None:
             return []
         return self._ensure("message")
+
+    def fail(self, response: dict, status: int, message: str,
+             param: str | None = None) -> list[dict]:
+        """After an in-stream error: close the open item as incomplete and end with
+        `response.failed`, its `error` set, so a client that waits for the terminal
+        event (the Agents SDK does) sees the response end instead of a cut stream."""
+        out = self.close("incomplete")
+        code = ("rate_limit_exceeded" if status == 429 else
+                "invalid_prompt" if 400 <= status < 500 else "server_error")
+        response.update(status="failed", output=list(self.items),
+                        error={"code": code, "message": message, "param": param})
+        return out + [self.event("response.failed", response=response)]
 
     def finish(self, response: dict) -> list[dict]:
         """Close the open item and end with the final response (its `output` is set from

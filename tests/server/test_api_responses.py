@@ -391,6 +391,54 @@ def test_malformed_input_items_are_400s_not_500s(srv, item, param):
     assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
 
 
+def test_an_output_for_no_call_is_a_400_naming_its_call_id(srv):
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "c2", "output": "x"}
+    r = post(srv, {"model": "tiny", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "hi"}, call, answer]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input.2.call_id" and "'c2'" in err["message"], err
+    # an output before its call is as unanswerable
+    r = post(srv, {"model": "tiny", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "hi"}, dict(answer, call_id="c1"), call]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.1.call_id", r.text
+    r = post(srv, {"model": "tiny", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "hi"}, call, dict(answer, call_id="c1")]})
+    assert r.status_code == 200, r.text
+
+
+def test_too_long_input_names_the_input_not_messages(srv):
+    r = post(srv, {"model": "tiny", "input": "word " * 3000, "max_output_tokens": 4})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input" and "maximum context length is 1024" in err["message"]
+    assert "messages" not in err["message"] and "in the input" in err["message"], err
+
+
+def test_an_error_after_the_stream_began_ends_with_response_failed(srv):
+    """A grammar dead end after three forced tokens (`"ab`): the stream has begun, so the error comes
+    in-band, then `response.failed` carrying the text so far (its item incomplete) and
+    the error; every event valid as the client's types."""
+    schema = {"type": "string", "pattern": "^ab[^\\s\\S]"}
+    events = raw_events(srv, {"model": "tiny", "input": "x", "max_output_tokens": 30,
+                              "text": {"format": {"type": "json_schema", "name": "s",
+                                                  "schema": schema, "strict": True}}})
+    for e in events:
+        STREAM_EVENT.validate_python(e)
+    kinds = [e["type"] for e in events]
+    assert kinds[-5:] == ["error", "response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.failed"], kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = Response.model_validate(events[-1]["response"])
+    assert final.status == "failed" and final.error.code == "invalid_prompt", final
+    assert final.error.message == events[-5]["message"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text and final.output[0].status == "incomplete"
+    assert final.output[0].content[0].text == text
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
 def test_retrieve_is_an_openai_404_and_the_key_is_required(srv, client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_abc")

@@ -111,3 +111,46 @@ def test_a_cut_response_ends_incomplete_and_an_empty_one_has_a_message():
     ev = ResponseEvents()
     out = ev.ensure_output() + ev.finish({"status": "completed"})
     assert out[-1]["response"]["output"][0]["content"][0]["text"] == ""
+
+
+def test_an_output_must_answer_an_earlier_call():
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    with pytest.raises(APIError) as e:
+        input_messages(req(input=[{"type": "function_call_output", "call_id": "c1",
+                                   "output": "x"}, call]))
+    assert (e.value.status, e.value.param) == (400, "input.0.call_id")
+    assert "'c1'" in e.value.message
+
+
+def test_context_length_wording_speaks_of_the_input():
+    from pagefleet.server.engine.validation import PromptTooLongError
+    for max_tokens in (None, 10):
+        chat = PromptTooLongError(2000, max_tokens, 1024)
+        err = to_responses_error(APIError(400, str(chat), chat.param))
+        assert err.param == "input" and "messages" not in err.message, err.message
+        assert "maximum context length is 1024" in err.message
+
+
+def test_fail_closes_the_open_item_incomplete_and_ends_failed():
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+    body = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress",
+            "model": "m", "output": [], "parallel_tool_calls": True, "tool_choice": "auto",
+            "tools": [], "error": None, "incomplete_details": None, "instructions": None,
+            "metadata": {}, "temperature": 1.0, "top_p": 1.0}
+    ev = ResponseEvents()
+    out = ev.start(dict(body)) + ev.text("ab")
+    out += ev.fail(dict(body), 400, "no token allowed", None)
+    assert [e["type"] for e in out][-4:] == [
+        "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.failed"]
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for e in out:
+        adapter.validate_python(e)
+    final = Response.model_validate(out[-1]["response"])
+    assert final.status == "failed" and final.error.code == "invalid_prompt"
+    assert final.output[0].status == "incomplete" and final.output[0].content[0].text == "ab"
+    assert ev.fail(dict(body), 503, "engine died")[-1]["response"]["error"]["code"] \
+        == "server_error"
+    assert ev.fail(dict(body), 429, "busy")[-1]["response"]["error"]["code"] \
+        == "rate_limit_exceeded"
