@@ -1,7 +1,8 @@
 """Quantized weights on one GPU (issue 15), in one call: kernels against their torch
 twins at Qwen2.5-7B's shapes, a launch-config sweep, GEMM/GEMV timings for bf16 vs fp8
 vs w4a16 at B = 1/16/64/256 and an 8192-token prefill, then the engine's decode step
-(B = 1) and an offline throughput run for bf16, fp8 (quantized at load) and AWQ.
+(B = 1) and an offline throughput run for bf16, fp8 (quantized at load), AWQ and
+llm-compressor's W4A16 (compressed-tensors, bf16 scales).
 
     bash benchmarks/run_quant.sh                       # everything, one device call
     bash benchmarks/run_quant.sh --phases ceilings,build,quantize,kernels   # or in two calls
@@ -18,8 +19,8 @@ within one 600 s call.
 
 Phases (each in its own process with a timeout, so one failure costs only itself):
 ceilings, build (bf16 random-weight model, benchmarks/build_model.py), quantize (the AWQ
-checkpoint, pagefleet.server.testing_quant, on the GPU), kernels, engine_bf16,
-engine_fp8, engine_awq. The kernels phase picks launch configs (W4_CONFIG/FP8_CONFIG
+checkpoint, pagefleet.server.testing_quant, on the GPU), quantize_w4a16 (the W4A16 one),
+kernels, engine_bf16, engine_fp8, engine_awq, engine_w4a16. The kernels phase picks launch configs (W4_CONFIG/FP8_CONFIG
 in server/ops/triton_quant.py) that the engine phases then use. Results:
 $OUT/quant_result.json, $OUT/quant_part_*.json; a short table is printed last.
 """
@@ -43,6 +44,9 @@ from gpu_bench import (QWEN7B, StepTimer, _engine_decode, _engine_throughput,  #
 OUT = Path(os.environ.get("OUT", "/tmp/pagefleet-bench"))
 MODEL_DIR = Path(os.environ.get("PAGEFLEET_BENCH_MODEL", "/tmp/qwen2.5-7b-random"))
 AWQ_DIR = Path(os.environ.get("PAGEFLEET_BENCH_AWQ", "/tmp/qwen2.5-7b-random-awq"))
+# llm-compressor's W4A16 (compressed-tensors pack-quantized, group 128, symmetric, bf16
+# scales): beside AWQ's directory
+W4A16_DIR = Path(os.environ.get("PAGEFLEET_BENCH_W4A16", str(AWQ_DIR) + "-w4a16"))
 TUNED_KEEP = Path("/tmp/pagefleet-quant-tuned.json")   # outlives $OUT while the machine is warm
 GiB = 1 << 30
 C = QWEN7B
@@ -95,6 +99,19 @@ def phase_quantize(args) -> dict:
     size = sum(f.stat().st_size for f in AWQ_DIR.glob("*.safetensors"))
     return {"awq_dir": str(AWQ_DIR), "quantize_s": time.time() - t0, "bytes": size,
             "config": json.loads((AWQ_DIR / "config.json").read_text())["quantization_config"]}
+
+
+def phase_quantize_w4a16(args) -> dict:
+    """The same bf16 model as llm-compressor's W4A16 (served by the int4 kernels with bf16
+    activations and scales, where AWQ's are fp16)."""
+    from pagefleet.server.testing_quant import quantize_checkpoint
+    if (W4A16_DIR / "config.json").exists() and not args.requantize:
+        return {"w4a16_dir": str(W4A16_DIR), "reused": True}
+    t0 = time.time()
+    quantize_checkpoint(MODEL_DIR, W4A16_DIR, "compressed-tensors", scheme="w4a16",
+                        group_size=128, sym=True, device="cuda")
+    size = sum(f.stat().st_size for f in W4A16_DIR.glob("*.safetensors"))
+    return {"w4a16_dir": str(W4A16_DIR), "quantize_s": time.time() - t0, "bytes": size}
 
 
 # -- phase: kernels ----------------------------------------------------------------------------
@@ -374,7 +391,7 @@ def engine_phase(fmt: str):
 
         logging.getLogger("pagefleet").addHandler(Grab())
         logging.getLogger("pagefleet").setLevel(logging.INFO)
-        model = AWQ_DIR if fmt == "awq" else MODEL_DIR
+        model = {"awq": AWQ_DIR, "w4a16": W4A16_DIR}.get(fmt, MODEL_DIR)
         t0 = time.time()
         llm = LLM(str(model), max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens,
@@ -437,10 +454,12 @@ def engine_phase(fmt: str):
 
 
 PHASES = {"ceilings": phase_ceilings, "build": phase_build, "quantize": phase_quantize,
+          "quantize_w4a16": phase_quantize_w4a16,
           "kernels": phase_kernels, "engine_bf16": engine_phase("bf16"),
-          "engine_fp8": engine_phase("fp8"), "engine_awq": engine_phase("awq")}
-TIMEOUTS = {"ceilings": 40, "build": 150, "quantize": 200, "kernels": 240, "engine_bf16": 180,
-            "engine_fp8": 180, "engine_awq": 180}
+          "engine_fp8": engine_phase("fp8"), "engine_awq": engine_phase("awq"),
+          "engine_w4a16": engine_phase("w4a16")}
+TIMEOUTS = {"ceilings": 40, "build": 150, "quantize": 200, "quantize_w4a16": 200, "kernels": 240,
+            "engine_bf16": 180, "engine_fp8": 180, "engine_awq": 180, "engine_w4a16": 180}
 
 
 def parse(argv=None):
@@ -529,13 +548,13 @@ def print_table(r: dict) -> None:
               f"{row['fp8_step_ms']:7.2f} ms ({row['fp8_step_ms'] / row['bf16_step_ms']:.2f}x)  "
               f"w4a16 {row['w4a16_step_ms']:7.2f} ms ({row['w4a16_step_ms'] / row['bf16_step_ms']:.2f}x)")
     base = {}
-    for fmt in ("bf16", "fp8", "awq"):
+    for fmt in ("bf16", "fp8", "awq", "w4a16"):
         e = r.get(f"engine_{fmt}", {})
         d = (e.get("decode") or {}).get("1") or (e.get("decode") or {}).get(1)
         t = e.get("throughput")
         if d:
             base.setdefault("step", d.get("total_ms"))
-            print(f"engine {fmt:>4}: B=1 step {d.get('total_ms', float('nan')):.2f} ms "
+            print(f"engine {fmt:>5}: B=1 step {d.get('total_ms', float('nan')):.2f} ms "
                   f"({d.get('total_ms', 0) / base['step']:.2f}x bf16; GPU {d['gpu_step_ms']:.2f} "
                   f"ms; weights read {d['weights_read_GB']:.2f} GB, roofline {d['roofline_ms']:.2f} "
                   f"ms, GPU/roofline {d['gpu_over_roofline']:.2f}); weights "
