@@ -107,10 +107,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
             # being deleted, a listed one that does not exist yet): the follower retries.
             ready = [t for t in targets if t not in failed]
             await join_peering(kube, peering, settings, logger, ready)
+            # The objects known to exist: the follower adds those of new namespaces, the
+            # healer recreates any of them deleted while the operator runs.
+            done = set(ready)
             if peering["namespaces"]:
                 memo["pf_peering_follower"] = asyncio.create_task(
-                    follow_peering_namespaces(kube, peering, settings, logger, set(ready), warnings),
+                    follow_peering_namespaces(kube, peering, settings, logger, done, warnings),
                     name="pagefleet peering objects of new namespaces")
+            memo["pf_peering_healer"] = asyncio.create_task(
+                keep_peering(kube, peering, settings, done, warnings),
+                name="pagefleet peering objects deleted while running")
 
 
 # kopf's namespace patterns: globs, negations ('!team-x'), comma-separated lists.
@@ -231,11 +237,15 @@ async def peering_crds_missing(kube: KubeClient, plural: str) -> bool:
 
 
 async def ensure_peering(kube: KubeClient, peering: dict[str, Any], warnings: Warnings,
-                         targets: list[Target]) -> list[Target] | None:
+                         targets: list[Target], records: dict[str, Any] | None = None) -> list[Target] | None:
     """kopf only peers through an existing peering object; create it if missing so a
     second operator replica pauses instead of double-acting. Returns the targets where
     that failed (each warned about by name; the follower retries them), or None when
-    the peering CRDs are missing (the operator then runs alone, with a warning)."""
+    the peering CRDs are missing (the operator then runs alone, with a warning).
+
+    `records`: the healer's recreation of an object deleted while the operator ran. It
+    is created holding the peers' records (in one write, so no replica ever sees it
+    empty and resumes next to the leader), and that is logged as a warning."""
     name = peering["name"]
     failed: list[Target] = []
     for target in targets:
@@ -246,10 +256,16 @@ async def ensure_peering(kube: KubeClient, peering: dict[str, Any], warnings: Wa
         try:
             if await kube.get(path) is None:
                 meta = {"name": name, **({"namespace": ns} if ns else {})}
+                body = {"apiVersion": PEERING_API, "kind": kind, "metadata": meta}
                 try:
-                    await kube.create(path.rsplit("/", 1)[0], {"apiVersion": PEERING_API, "kind": kind,
-                                                               "metadata": meta})
-                    warnings.logger.info(f"Created {kind} {name!r}{where}.")
+                    if records is None:
+                        await kube.create(path.rsplit("/", 1)[0], body)
+                        warnings.logger.info(f"Created {kind} {name!r}{where}.")
+                    else:
+                        await kube.create(path.rsplit("/", 1)[0], {**body, "status": records})
+                        warnings.logger.warning(
+                            f"Recreated the {kind} {name!r}{where}: it was deleted while the operator ran. "
+                            f"Peers carried over (as this replica last saw them): {', '.join(sorted(records))}.")
                 except KubeError as e:
                     if e.status != 409:  # another replica created it first
                         raise
@@ -292,8 +308,7 @@ async def register(kube: KubeClient, peering: dict[str, Any], settings: kopf.Ope
     identity = peering.get("identity")
     if not identity:
         return
-    record = {"priority": settings.peering.priority, "lifetime": settings.peering.lifetime,
-              "lastseen": datetime.datetime.now(datetime.UTC).isoformat()}
+    record = own_record(settings)
     for plural, ns in targets:
         try:
             await kube.patch(path_for(PEERING_API, plural, ns, peering["name"]),
@@ -301,6 +316,95 @@ async def register(kube: KubeClient, peering: dict[str, Any], settings: kopf.Ope
         except (KubeError, aiohttp.ClientError, OSError) as e:
             logger.warning(f"Cannot register in the peering object{f' of {ns!r}' if ns else ''} ({e}); "
                            "kopf will retry.")
+
+
+def own_record(settings: kopf.OperatorSettings, now: datetime.datetime | None = None) -> dict[str, Any]:
+    """This replica's record in a peering object, as kopf's keep-alive writes it."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    return {"priority": settings.peering.priority, "lifetime": settings.peering.lifetime,
+            "lastseen": now.isoformat()}
+
+
+def heal_period(lifetime: float) -> float:
+    """How often the healer looks for a deleted peering object: half a peering lifetime,
+    so one is back within about one of kopf's keep-alive periods (lifetime − 5..10 s)."""
+    return max(1.0, lifetime / 2)
+
+
+def revived_records(last: dict[str, Any] | None, identity: str | None,
+                    settings: kopf.OperatorSettings) -> dict[str, Any]:
+    """The records a recreated peering object starts with: the peers still alive in its
+    last state this replica saw, renewed to now, and this replica's own.
+
+    Renewed, because their last keep-alive went to the object before it was deleted
+    and their next can be a whole keep-alive period away: a stale `lastseen` could
+    expire the leader's record before that, and a standby would act next to it (the
+    split brain peering exists to prevent). The cost: a peer that died just before the
+    deletion is replaced up to one lifetime later than otherwise."""
+    now = datetime.datetime.now(datetime.UTC)
+    records: dict[str, Any] = {}
+    for peer, record in (last or {}).items():
+        try:
+            seen = datetime.datetime.fromisoformat(record["lastseen"])
+            alive = seen + datetime.timedelta(seconds=int(record["lifetime"])) > now
+        except (KeyError, TypeError, ValueError):
+            continue  # not a record kopf would honour either
+        if alive:
+            records[peer] = {**record, "lastseen": now.isoformat()}
+    if identity:
+        records[identity] = own_record(settings, now)
+    return records
+
+
+async def heal_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
+                       targets: set[Target], warnings: Warnings, last: dict[Target, dict[str, Any]]) -> None:
+    """One round of the healer: recreate each peering object in `targets` that is gone.
+
+    Why: kopf only patches the object (its keep-alive treats a 404 as "not found", at
+    debug level) and never creates it; once it is deleted (`kubectl delete -f` of the
+    peering manifest, a cleanup script) the leader goes on acting but no standby ever
+    takes over from it. `last` keeps each object's status as last seen, carried into
+    the new one. A namespace that refuses the object (being deleted, gone) leaves
+    `targets`: the follower gives it a new object if kopf still serves it."""
+    for target in list(targets):
+        plural, ns = target
+        try:
+            obj = await kube.get(path_for(PEERING_API, plural, ns, peering["name"]))
+        except (KubeError, aiohttp.ClientError, OSError) as e:
+            warnings.warn(("read", target), f"Cannot read the peering object {peering['name']!r}"
+                                            f"{f' in {ns!r}' if ns else ''} ({e}); retrying.")
+            continue
+        warnings.clear(("read", target))
+        if obj is not None:
+            last[target] = obj.get("status") or {}
+            continue
+        records = revived_records(last.get(target), peering.get("identity"), settings)
+        failed = await ensure_peering(kube, peering, warnings, [target], records)
+        if failed is None:
+            continue  # the CRDs are gone (warned about): nothing to recreate until they are back
+        if failed:
+            if ns is not None:
+                targets.discard(target)
+            continue
+        # Created here or, a 409, by another replica (whose records may predate ours).
+        await register(kube, peering, settings, warnings.logger, [target])
+
+
+async def keep_peering(kube: KubeClient, peering: dict[str, Any], settings: kopf.OperatorSettings,
+                       targets: set[Target], warnings: Warnings) -> None:
+    """Recreate the peering objects deleted while the operator runs (see heal_peering),
+    every heal_period. Not a kopf timer: those pause with the operator, and a standby
+    must heal too (the leader may be the one that is gone). Never raises: an
+    unexpected failure is logged and the next round tries again."""
+    last: dict[Target, dict[str, Any]] = {}
+    while True:
+        try:
+            await heal_peering(kube, peering, settings, targets, warnings, last)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the operator must outlive its healer's bugs
+            warnings.logger.exception("Checking the peering objects failed; retrying.")
+        await asyncio.sleep(heal_period(settings.peering.lifetime))
 
 
 def _retry_after(error: BaseException | None) -> float:
@@ -430,9 +534,9 @@ async def follow_peering_namespaces(kube: KubeClient, peering: dict[str, Any], s
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if "pf_exiting" in memo:
         memo["pf_exiting"].set()
-    follower = memo.get("pf_peering_follower")
-    if follower is not None:
-        follower.cancel()
+    for task in ("pf_peering_follower", "pf_peering_healer"):
+        if memo.get(task) is not None:
+            memo[task].cancel()
     settings = memo.get("pf_settings")
     if settings is not None and settings.session is not None:
         await settings.session.close()

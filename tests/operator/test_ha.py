@@ -110,6 +110,61 @@ async def test_exactly_one_of_two_acts_and_the_other_takes_over(cluster: Cluster
             assert writes_by(cluster, "op-b")
 
 
+async def test_a_deleted_peering_object_is_recreated(cluster: Cluster, tmp_path: Path) -> None:
+    """The ClusterKopfPeering deleted while two replicas run (`kubectl delete -f` of the
+    peering manifest, a cleanup script). kopf never creates it: its keep-alive PATCHes
+    get a 404 it logs at debug level; the leader goes on acting, but its standby stays
+    paused for good and no longer takes over when the leader dies. The operator
+    recreates it, with both records, and says so; the leader alone keeps acting and the
+    standby takes over again."""
+    register_peering(cluster)
+    ns = "heal"
+    doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
+    flags = ("--peering-lifetime", str(LIFETIME_S))
+    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", "heal-a")
+    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", "heal-b")
+    async with operator_run(cluster, tmp_path / "a.log", *flags,
+                            env={"POD_NAME": "heal-a", "KUBECONFIG": str(a_cfg)}) as a:
+        await cluster.wait_for(lambda: _has_peer(cluster, "heal-a/"), "heal-a in the peering")
+        async with operator_run(cluster, tmp_path / "b.log", *flags,
+                                env={"POD_NAME": "heal-b", "KUBECONFIG": str(b_cfg)}) as b:
+            await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"), "both replicas in the peering")
+            await cluster.apply(doc, ns)
+            await cluster.wait_object("Deployment", ns, "qwen-short")
+
+            assert await cluster.kube.delete(PEERING)
+            status = await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"),
+                                            "the peering object back, with both replicas in it")
+            prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
+            assert prio["heal-a"] > prio["heal-b"], "the priorities survive the recreation"
+            assert "Recreated the ClusterKopfPeering 'pagefleet'" in a.log() + b.log()
+
+            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
+            await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("2048"), "the change applied")
+            assert any(w.endswith("/deployments/qwen-short") for w in writes_by(cluster, "heal-a")), "heal-a acts"
+            assert writes_by(cluster, "heal-b") == [], "heal-b must not act while heal-a is alive"
+            assert "Resuming operations" not in b.log(), "heal-b never resumed next to heal-a"
+
+            # Failover works again: the standby takes over from the killed leader.
+            a.kill()
+            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 1024}}})
+            await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("1024"),
+                                      "heal-b to take over and apply the change")
+            assert writes_by(cluster, "heal-b")
+
+
+def _args_with(value: str) -> Any:
+    def check(d: dict[str, Any]) -> bool:
+        return value in d["spec"]["template"]["spec"]["containers"][0]["args"]
+    return check
+
+
+async def _named(cluster: Cluster, *names: str) -> dict[str, Any] | None:
+    """The peering status once it holds a record of each of `names` (pod names)."""
+    status = await peers(cluster)
+    return status if set(names) <= {k.split("/")[0] for k in status} else None
+
+
 async def _has_peer(cluster: Cluster, prefix: str) -> bool:
     return any(k.startswith(prefix) for k in await peers(cluster))
 
@@ -270,10 +325,11 @@ async def test_a_namespace_deleted_and_made_again_gets_its_peering_back(ns_clust
         await cluster.apply(doc, "rc-a")
         await cluster.wait_object("Deployment", "rc-a", "qwen-short", timeout=30)
         assert "op-rc" in await _kopf_peers(cluster, "rc-b")
-        # (the emulator has no namespace GC: the object goes by hand, as the GC would)
-        await cluster.kube.delete("/apis/kopf.dev/v1/namespaces/rc-b/kopfpeerings/pagefleet")
+        # (the emulator has no namespace GC: the object goes by hand, as the GC would,
+        # after the namespace and until it stays gone: a healer round that read it just
+        # before may recreate it, which the API server refuses in a Terminating namespace)
         await cluster.kube.delete("/api/v1/namespaces/rc-b")
-        await cluster.wait_for(lambda: _no_peering(cluster, "rc-b"), "rc-b gone")
+        await cluster.wait_for(lambda: _collected(cluster, "rc-b"), "rc-b gone")
         await _namespace(cluster, "rc-b")
         await cluster.wait_for(lambda: _has(cluster, "rc-b", "op-rc"), "the KopfPeering of the new rc-b")
         second = {**doc, "metadata": {**doc["metadata"], "name": "second"}}
@@ -281,5 +337,9 @@ async def test_a_namespace_deleted_and_made_again_gets_its_peering_back(ns_clust
         await cluster.wait_object("Deployment", "rc-a", "second", timeout=30)
 
 
-async def _no_peering(cluster: Cluster, ns: str) -> bool:
-    return await cluster.kube.get(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/pagefleet") is None
+async def _collected(cluster: Cluster, ns: str) -> bool:
+    """The namespace controller's part: delete the deleted namespace's KopfPeering."""
+    path = f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/pagefleet"
+    await cluster.kube.delete(path)
+    await asyncio.sleep(0.5)
+    return await cluster.kube.get(path) is None

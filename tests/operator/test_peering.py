@@ -5,6 +5,7 @@ namespace listing), against a small fake API. The real-kopf tests are in test_ha
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -225,3 +226,37 @@ async def test_forbidden_namespace_listing_is_warned_about_once(caplog: pytest.L
         await until(lambda: kube.has("team-a"), "team-a once listing works")
     finally:
         await handlers.cleanup(memo=memo)
+
+
+async def test_the_healer_recreates_a_deleted_object_with_the_live_peers(caplog: pytest.LogCaptureFixture) -> None:
+    """A peering object deleted while the operator runs comes back in one write with the
+    peers alive in its last known state (renewed, so the leader's record cannot lapse
+    before its next keep-alive) and without the dead ones. A namespace that refuses it
+    (being deleted) is warned about by name and left to the follower; nothing raises.
+    The real-kopf test is test_ha's test_a_deleted_peering_object_is_recreated."""
+    caplog.set_level(logging.INFO)
+    kube = FakeKube({"a": "Active", "old": "Active"})
+    peering = {"name": "pagefleet", "identity": "op-b/2", "priority": None, "lifetime": 30,
+               "namespaces": ["a", "old"]}
+    settings = kopf.OperatorSettings()
+    settings.peering.priority, settings.peering.lifetime = -2, 30
+    now = datetime.datetime.now(datetime.UTC)
+    leader = {"priority": -1, "lifetime": 30, "lastseen": (now - datetime.timedelta(seconds=20)).isoformat()}
+    dead = {"priority": 5, "lifetime": 30, "lastseen": (now - datetime.timedelta(seconds=90)).isoformat()}
+    targets: set[handlers.Target] = {("kopfpeerings", "a"), ("kopfpeerings", "old")}
+    warnings = handlers.Warnings(logging.getLogger("test.heal"))
+    for _, ns in targets:
+        kube.objects[f"{PEERINGS.format(ns)}/pagefleet"] = {"status": {"op-a/1": leader, "op-c/3": dead}}
+    last: dict[handlers.Target, dict[str, Any]] = {}
+    await handlers.heal_peering(kube, peering, settings, targets, warnings, last)
+    assert not warnings_with(caplog, "Recreated"), "nothing was missing"
+
+    kube.objects.clear()
+    kube.namespaces["old"] = "Terminating"
+    await handlers.heal_peering(kube, peering, settings, targets, warnings, last)
+    status = kube.objects[f"{PEERINGS.format('a')}/pagefleet"]["status"]
+    assert set(status) == {"op-a/1", "op-b/2"}, "the live peers and this replica, not the dead one"
+    assert status["op-a/1"]["priority"] == -1 and status["op-a/1"]["lastseen"] > leader["lastseen"]
+    assert len(warnings_with(caplog, "Recreated the KopfPeering 'pagefleet' in 'a'")) == 1
+    assert targets == {("kopfpeerings", "a")}, "the refused namespace is the follower's again"
+    assert len(warnings_with(caplog, "'old'")) == 1 and not kube.has("old")
