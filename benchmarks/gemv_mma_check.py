@@ -165,6 +165,7 @@ def main() -> int:
     print(f"one-row and few-row plans: {sum(1 for r in rows if 'one_row' in r)} cases")
     failures += _silu_cases(tq, shipped, shapes, rows)
     failures += _blocked_cases(tq, shipped, rows)
+    failures += _deferred_cases(tq, shipped, rows)
     # graph replays equal eager
     cfg.clear()
     cfg.update(shipped)
@@ -284,5 +285,74 @@ def _blocked_cases(tq, shipped: dict, rows: list) -> int:
     return failures
 
 
+def _deferred_cases(tq, shipped: dict, rows: list) -> int:
+    """The one-row GEMVs deferring their split sum (ops/deferred.py) at Qwen2.5-7B's
+    q/k/v (with a bias), o and down (its SiLU staged) shapes, fp16 and bf16, zero points or
+    none: a `DeferredSum` comes back; made a tensor it is as close to x @ w in float32 as
+    the shipped kernel's own sum (relative error at most twice the shipped one's plus
+    1e-4); three calls give the same bits (the fixed-point adds are order-free); the
+    accumulator is zero after each read; and a CUDA graph of the GEMV and its read,
+    replayed twice, gives the eager bits."""
+    import torch
+
+    from pagefleet.server.ops import activation, quant
+    from pagefleet.server.ops.deferred import DeferredSlot, DeferredSum
+    cfg = tq.W4_CONFIG
+    failures = 0
+    for (n, k, act, with_bias), dtype, zero in itertools.product(
+            ((4608, 3584, False, True), (3584, 3584, False, False), (3584, 18944, True, False)),
+            (torch.float16, torch.bfloat16), (True, False)):
+        cfg.clear()
+        cfg.update(shipped)
+        qw, s, z = _w4_weights(n, k, 128, zero, dtype)
+        b = (torch.randn(n, device="cuda") * 0.1).to(dtype) if with_bias else None
+        x = torch.randn(1, 2 * k if act else k, device="cuda", dtype=dtype)
+        xin = activation.silu_and_mul(x) if act else x
+        ref = xin.float() @ quant.w4_dequantize(qw, s, z, 128, torch.float32)
+        if b is not None:
+            ref = ref + b.float()
+        call = tq.w4a16_silu_linear if act else tq.w4a16_linear
+        slot = DeferredSlot()
+        shipped_out = call(x, qw, s, z, 128, b)
+        outs = []
+        for _ in range(3):
+            d = call(x, qw, s, z, 128, b, slot)
+            deferred = isinstance(d, DeferredSum)
+            outs.append(d.materialize() if deferred else d)
+            armed = bool(slot.acc is not None and slot.acc.any())
+        err = ((outs[0].float() - ref).abs().max() / ref.abs().max()).item()
+        base = ((shipped_out.float() - ref).abs().max() / ref.abs().max()).item()
+        same = all(torch.equal(o, outs[0]) for o in outs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            g_out = call(x, qw, s, z, 128, b, slot).materialize()
+        replays = []
+        for _ in range(2):
+            graph.replay()
+            torch.cuda.synchronize()
+            replays.append(torch.equal(g_out, outs[0]))
+        ok = (deferred and not armed and same and all(replays)
+              and err <= 2 * base + 1e-4 and err == err)
+        failures += not ok
+        rows.append({"deferred": True, "n": n, "k": k, "act": act, "bias": with_bias,
+                     "dtype": str(dtype), "zeros": zero, "rel_err": err,
+                     "shipped_rel_err": base, "same_bits_x3": same, "graph": replays,
+                     "left_armed": armed, "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]))
+    cfg.clear()
+    cfg.update(shipped)
+    done = [r for r in rows if "deferred" in r]
+    print(f"deferred sums: {len(done)} cases, {failures} failures; worst rel err "
+          f"{max(r['rel_err'] for r in done):.2e} (shipped "
+          f"{max(r['shipped_rel_err'] for r in done):.2e})")
+    return failures
+
+
 if __name__ == "__main__":
+    if os.environ.get("GEMV_MMA_ONLY") == "deferred":   # this section alone (~20 s)
+        from pagefleet.server.ops import triton_quant
+        _cases_rows: list = []
+        sys.exit(1 if _deferred_cases(triton_quant, dict(triton_quant.W4_CONFIG),
+                                      _cases_rows) else 0)
     sys.exit(main())

@@ -28,6 +28,7 @@ from pagefleet.server.models.linear import (LinearBase, MergedColumnParallelLine
                                             WeightLoadError)
 from pagefleet.server.ops import activation, attention, layernorm, quant, rotary
 from pagefleet.server.ops import logits as logits_op
+from pagefleet.server.ops.deferred import DeferredSlot, DeferredSum, value
 
 
 @dataclass
@@ -59,7 +60,6 @@ class Ops:
     prefill_attention = staticmethod(attention.paged_prefill_attention)
     decode_attention = staticmethod(attention.paged_decode_attention)
     rms_norm = staticmethod(layernorm.rms_norm)
-    fused_add_rms_norm = staticmethod(layernorm.fused_add_rms_norm)
     rotary_embedding = staticmethod(rotary.rotary_embedding)
     silu_and_mul = staticmethod(activation.silu_and_mul)
     w4a16_linear = staticmethod(quant.w4a16_linear)
@@ -78,10 +78,34 @@ class Ops:
     @classmethod
     def w4a16_silu_linear(cls, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                           zeros: torch.Tensor | None, group_size: int,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
+                          bias: torch.Tensor | None = None,
+                          deferred: DeferredSlot | None = None) -> "torch.Tensor | DeferredSum":
         """The 4-bit down projection of silu(gate) * up: the two ops in a row here;
         TritonOps computes the SiLU as the one-row GEMV stages its input."""
-        return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias)
+        return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias,
+                                deferred)
+
+    @staticmethod
+    def fused_add_rms_norm(x: "torch.Tensor | DeferredSum", residual: torch.Tensor,
+                           weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual), x + residual); x may be a deferred GEMV row (made a
+        tensor first here; TritonOps' kernel reads it as it is)."""
+        return layernorm.fused_add_rms_norm(value(x), residual, weight, eps)
+
+    @classmethod
+    def rotary_and_store_deferred(cls, positions: torch.Tensor, qkv: DeferredSum,
+                                  heads: int, kv_heads: int, head_dim: int,
+                                  cos_sin: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                                  k_scale: float, v_scale: float) -> torch.Tensor:
+        """`rotary_and_store` of a deferred q/k/v row: made a tensor and split here;
+        TritonOps' kernel reads the row as it is."""
+        q, k, v = value(qkv).split([heads * head_dim, kv_heads * head_dim,
+                                    kv_heads * head_dim], dim=-1)
+        return cls.rotary_and_store(positions, q.reshape(1, heads, head_dim),
+                                    k.reshape(1, kv_heads, head_dim),
+                                    v.reshape(1, kv_heads, head_dim), cos_sin, k_cache,
+                                    v_cache, slot_mapping, k_scale, v_scale)
 
     @classmethod
     def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -141,6 +165,13 @@ class Attention(nn.Module):
             **_tp_kw(tp)), ops)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # One-row split sums finished by the reader (ops/deferred.py): q/k/v's by the
+        # rotary + KV write (not where q/k norms come between), o's by the next norm
+        # (not where an all-reduce comes between)
+        if self.q_norm is None:
+            self.qkv_proj.deferred = DeferredSlot()
+        if not self.o_proj.reduce_results:
+            self.o_proj.deferred = DeferredSlot()
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -151,7 +182,13 @@ class Attention(nn.Module):
         """q `[T, heads, head_dim]`, rotated; K/V rotated and written to the cache. Reads
         only `meta.positions` and `meta.slot_mapping` (a CUDA graph piece may hold it)."""
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj.forward_deferred(x)
+        if isinstance(qkv, DeferredSum):
+            return self.ops.rotary_and_store_deferred(
+                meta.positions, qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                cos_sin, self.k_cache, self.v_cache, meta.slot_mapping, meta.k_scale,
+                meta.v_scale)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
@@ -188,10 +225,10 @@ class Attention(nn.Module):
                                        meta.k_scale, meta.v_scale, out=o[d:n])
         return o
 
-    def finish(self, o: torch.Tensor) -> torch.Tensor:
+    def finish(self, o: torch.Tensor) -> "torch.Tensor | DeferredSum":
         """The output projection (and the tensor-parallel all-reduce) of the attention's
-        output."""
-        out = self.o_proj(o.reshape(o.shape[0], self.q_size))
+        output (at one row, possibly deferred: the next norm reads it)."""
+        out = self.o_proj.forward_deferred(o.reshape(o.shape[0], self.q_size))
         return self.tp.all_reduce(out) if self.o_proj.reduce_results else out
 
 
@@ -209,9 +246,11 @@ class MLP(nn.Module):
             cfg.intermediate_size, cfg.hidden_size, bias=False,
             method=_method(quant, [f"{prefix}.down_proj"]), prefix=f"{prefix}.down_proj",
             **_tp_kw(tp)), ops)
+        if not self.down_proj.reduce_results:   # read by the next layer's (or the final) norm
+            self.down_proj.deferred = DeferredSlot()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj.forward_silu_mul(self.gate_up_proj(x))
+    def forward(self, x: torch.Tensor) -> "torch.Tensor | DeferredSum":
+        out = self.down_proj.forward_silu_mul_deferred(self.gate_up_proj(x))
         return self.tp.all_reduce(out) if self.down_proj.reduce_results else out
 
 

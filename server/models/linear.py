@@ -27,6 +27,8 @@ from typing import Callable, Hashable
 import torch
 from torch import nn
 
+from pagefleet.server.ops.deferred import DeferredSlot, DeferredSum
+
 
 class WeightLoadError(RuntimeError):
     """A checkpoint tensor does not fit the layer it is meant for."""
@@ -202,6 +204,9 @@ class LinearBase(nn.Module):
         self.reduce_results = self.parallel == "row"
         self.method = method or UnquantizedLinearMethod()
         self.ops = None   # the model's op bundle, set by the decoder (and by set_ops)
+        # The accumulator of a one-row split sum finished by this layer's reader, set by
+        # the decoder where that reader takes one (ops/deferred.py); None: a tensor
+        self.deferred: DeferredSlot | None = None
         dtype = params_dtype or torch.get_default_dtype()
         self.params_dtype = dtype
         self.method.create_weights(self, self.input_size_per_partition,
@@ -300,6 +305,20 @@ class LinearBase(nn.Module):
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """forward(silu(gate) * up) for x = `[gate | up]`."""
         return self.method.apply_silu_mul(self, x, self.bias)
+
+    # The decoder's calls where the reader takes a deferred sum (`deferred` set, and a
+    # method that defers): a one-row GPU GEMV may return a `DeferredSum`, which its
+    # reader must consume (it re-arms the layer's accumulator). Every other caller gets
+    # a tensor from forward / forward_silu_mul.
+    def forward_deferred(self, x: torch.Tensor) -> "torch.Tensor | DeferredSum":
+        if self.deferred is None or not getattr(self.method, "defers", False):
+            return self.forward(x)
+        return self.method.apply(self, x, self.bias, self.deferred)
+
+    def forward_silu_mul_deferred(self, x: torch.Tensor) -> "torch.Tensor | DeferredSum":
+        if self.deferred is None or not getattr(self.method, "defers", False):
+            return self.forward_silu_mul(x)
+        return self.method.apply_silu_mul(self, x, self.bias, self.deferred)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, method={self.method.name}, "

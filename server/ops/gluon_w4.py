@@ -460,11 +460,17 @@ if IMPORTED:
     def _finish(acc, sn, pid_n, pid_s, M, N, b_ptr, part_ptr, res_ptr, cnt_ptr, stride_os,
                 stride_om, splits, HAS_BIAS: gl.constexpr, SPLITS_PAD: gl.constexpr,
                 FUSED: gl.constexpr, MMA: gl.constexpr):
-        """The result: stored, or this split's partial and the tile's last program sums."""
+        """The result: stored, or this split's partial and the tile's last program sums.
+        FUSED 2 (`ops/deferred.py`): the partial added, in fixed point, to the layer's
+        int64 accumulator row at `part_ptr` (exact integer adds: any order gives the
+        same sum), for the consumer kernel to convert; no arrival count, no last sum."""
         om = gl.arange(0, ROWS, layout=gl.SliceLayout(0, MMA))
         mask = (om < M)[None, :] & (sn < N)[:, None]
         offs = om.to(gl.int64)[None, :] * stride_om + sn[:, None]
-        if FUSED:
+        if FUSED == 2:
+            fixed = (acc * 1073741824.0).to(gl.int64)   # x 2^30, toward zero (deferred.SCALE)
+            gl.atomic_add(part_ptr + offs, fixed, mask=mask, sem="relaxed", scope="gpu")
+        elif FUSED:
             gl.store(part_ptr + pid_s.to(gl.int64) * stride_os + offs, acc, mask=mask)
             _barrier()
             arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")

@@ -38,8 +38,9 @@ def w4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor | None, group_size: int,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x [M, K] @ dequantized w [K, N] (+ bias)` in x's dtype."""
+                 bias: torch.Tensor | None = None, deferred=None) -> torch.Tensor:
+    """`x [M, K] @ dequantized w [K, N] (+ bias)` in x's dtype. (`deferred`: taken and
+    ignored, as by every path but the GPU's one-row GEMV: `ops/deferred.py`.)"""
     w = w4_dequantize(qweight, scales, zeros, group_size, x.dtype)
     out = x @ w
     return out if bias is None else out + bias

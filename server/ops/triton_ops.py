@@ -20,6 +20,7 @@ class TritonOps(Ops):
     fused_add_rms_norm = staticmethod(triton_layernorm.fused_add_rms_norm)
     rotary_embedding = staticmethod(triton_rotary.rotary_embedding)
     rotary_and_store = staticmethod(triton_rotary.rotary_and_store)
+    rotary_and_store_deferred = staticmethod(triton_rotary.rotary_and_store_deferred)
     silu_and_mul = staticmethod(triton_activation.silu_and_mul)
     w4a16_linear = staticmethod(triton_quant.w4a16_linear)
     w4a16_silu_linear = staticmethod(triton_quant.w4a16_silu_linear)

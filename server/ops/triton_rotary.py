@@ -12,14 +12,17 @@ import torch
 import triton
 import triton.language as tl
 
+from pagefleet.server.ops.deferred import DeferredSum
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
+from pagefleet.server.ops.triton_layernorm import deferred_row, rearm
 
 # "inputs_early": `_rotary_store_kernel` reads its position, cos/sin and slot before the
 # PDL wait (see there).
 ROTARY_CONFIG = {"inputs_early": True}
 # What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
 # step inputs and the constant cos/sin table, which no kernel of the forward writes.
-EARLY_READS = {"_rotary_store_kernel": ("pos_ptr", "cs_ptr", "slot_ptr")}
+EARLY_READS = {"_rotary_store_kernel": ("pos_ptr", "cs_ptr", "slot_ptr"),
+               "_rotary_store_deferred_kernel": ("pos_ptr", "cs_ptr", "slot_ptr")}
 
 
 @triton.jit
@@ -32,9 +35,36 @@ def _rotated(x_ptr, cos, sin, t, stride_t, stride_h, H, dt, HALF: tl.constexpr,
     base = x_ptr + t.to(tl.int64) * stride_t + h * stride_h + c
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    o1, o2 = _rotate_pair(x1, x2, cos, sin, dt)
+    return o1, o2, h, mask
+
+
+@triton.jit
+def _rotate_pair(x1, x2, cos, sin, dt):
+    """The rotation of (first halves, second halves), each product and the sum rounded
+    to `dt` as the twin rounds."""
     o1 = ((x1 * cos).to(dt).to(tl.float32) - (x2 * sin).to(dt).to(tl.float32)).to(dt)
     o2 = ((x2 * cos).to(dt).to(tl.float32) + (x1 * sin).to(dt).to(tl.float32)).to(dt)
-    return o1, o2, h, mask
+    return o1, o2
+
+
+@triton.jit
+def _store_kv(kc_ptr, vc_ptr, k1, k2, v1, v2, slot, h, mask, k_scale, v_scale, HK,
+              HALF: tl.constexpr, QUANT: tl.constexpr):
+    """k (rotated) and v into the cache slot (an fp8 cache: value / scale, rounded once
+    to the cache dtype, as store_kvcache)."""
+    if QUANT:
+        k1 = k1.to(tl.float32) / k_scale
+        k2 = k2.to(tl.float32) / k_scale
+        v1 = v1.to(tl.float32) / v_scale
+        v2 = v2.to(tl.float32) / v_scale
+    c = tl.arange(0, HALF)[None, :]
+    dst = slot * (HK * 2 * HALF) + h * (2 * HALF) + c
+    cdt = kc_ptr.dtype.element_ty
+    tl.store(kc_ptr + dst, k1.to(cdt), mask=mask)
+    tl.store(kc_ptr + dst + HALF, k2.to(cdt), mask=mask)
+    tl.store(vc_ptr + dst, v1.to(cdt), mask=mask)
+    tl.store(vc_ptr + dst + HALF, v2.to(cdt), mask=mask)
 
 
 @triton.jit
@@ -94,17 +124,52 @@ def _rotary_store_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, qo_ptr,
     v_base = v_ptr + t.to(tl.int64) * stride_vt + h * stride_vh + c
     v1 = tl.load(v_base, mask=mask, other=0.0)
     v2 = tl.load(v_base + HALF, mask=mask, other=0.0)
-    if QUANT:   # as store_kvcache: value / scale, rounded once to the cache dtype
-        k1 = k1.to(tl.float32) / k_scale
-        k2 = k2.to(tl.float32) / k_scale
-        v1 = v1.to(tl.float32) / v_scale
-        v2 = v2.to(tl.float32) / v_scale
-    dst = slot * (HK * 2 * HALF) + h * (2 * HALF) + c
-    cdt = kc_ptr.dtype.element_ty
-    tl.store(kc_ptr + dst, k1.to(cdt), mask=mask)
-    tl.store(kc_ptr + dst + HALF, k2.to(cdt), mask=mask)
-    tl.store(vc_ptr + dst, v1.to(cdt), mask=mask)
-    tl.store(vc_ptr + dst + HALF, v2.to(cdt), mask=mask)
+    _store_kv(kc_ptr, vc_ptr, k1, k2, v1, v2, slot, h, mask, k_scale, v_scale, HK, HALF,
+              QUANT)
+
+
+@triton.jit
+def _deferred_heads(acc_ptr, b_ptr, base, H, dt, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    """Heads [0, H) of a deferred q/k/v row from column `base`: (first halves, second
+    halves) as the GEMV would have stored them (`triton_layernorm.deferred_row`), as
+    float32."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    c = tl.arange(0, HALF)[None, :]
+    mask = h < H
+    offs = base + h * (2 * HALF) + c
+    x1 = deferred_row(acc_ptr, b_ptr, offs, mask, dt, HAS_BIAS).to(tl.float32)
+    x2 = deferred_row(acc_ptr, b_ptr, offs + HALF, mask, dt, HAS_BIAS).to(tl.float32)
+    return x1, x2, h, mask
+
+
+@triton.jit
+def _rotary_store_deferred_kernel(pos_ptr, slot_ptr, acc_ptr, b_ptr, cs_ptr, qo_ptr, kc_ptr,
+                                  vc_ptr, k_scale, v_scale, HQ, HK, HALF: tl.constexpr,
+                                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                                  QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                  BLOCK_ROW: tl.constexpr, PDL: tl.constexpr):
+    """`_rotary_store_kernel` (EARLY) for one token whose q/k/v row is a deferred sum
+    (`ops/deferred.py`: int64 `[1, (HQ + 2 HK) x head_dim]` at acc_ptr, the bias at
+    b_ptr): the row finished as it is read (and re-armed), then the same roundings,
+    rotation and cache writes."""
+    dt = qo_ptr.dtype.element_ty
+    cos, sin = _cos_sin(pos_ptr, cs_ptr, 0, dt, HALF)
+    slot = tl.load(slot_ptr).to(tl.int64)
+    pdl_wait(PDL)
+    q1, q2, hq, qmask = _deferred_heads(acc_ptr, b_ptr, 0, HQ, dt, HAS_BIAS, HALF, BLOCK_HQ)
+    c = tl.arange(0, HALF)[None, :]
+    o1, o2 = _rotate_pair(q1, q2, cos, sin, dt)
+    tl.store(qo_ptr + hq * (2 * HALF) + c, o1, mask=qmask)
+    tl.store(qo_ptr + hq * (2 * HALF) + c + HALF, o2, mask=qmask)
+    k1, k2, h, kmask = _deferred_heads(acc_ptr, b_ptr, HQ * 2 * HALF, HK, dt, HAS_BIAS, HALF,
+                                       BLOCK_HK)
+    k1, k2 = _rotate_pair(k1, k2, cos, sin, dt)
+    v1, v2, h, kmask = _deferred_heads(acc_ptr, b_ptr, (HQ + HK) * 2 * HALF, HK, dt, HAS_BIAS,
+                                       HALF, BLOCK_HK)
+    rearm(acc_ptr, (HQ + 2 * HK) * 2 * HALF, BLOCK_ROW)
+    _store_kv(kc_ptr, vc_ptr, k1, k2, v1, v2, slot, h, kmask & ((h * 0 + slot) >= 0), k_scale,
+              v_scale, HK, HALF, QUANT)
 
 
 def _unsupported(d: int, cos_sin: torch.Tensor) -> bool:
@@ -158,4 +223,31 @@ def rotary_and_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             v.stride(1), hq, hk, HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq),
             BLOCK_HK=triton.next_power_of_2(hk), QUANT=k_cache.dtype != k.dtype,
             EARLY=bool(ROTARY_CONFIG["inputs_early"]), num_warps=4, **launch_opts("rotary"))
+    return qo
+
+
+def rotary_and_store_deferred(positions: torch.Tensor, qkv: DeferredSum, heads: int,
+                              kv_heads: int, head_dim: int, cos_sin: torch.Tensor,
+                              k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                              v_scale: float = 1.0) -> torch.Tensor:
+    """`rotary_and_store` of one token whose q/k/v row is a deferred sum: the kernel
+    finishes the sum as it reads it (`ops/deferred.py`); the same bits as the row made a
+    tensor, then `rotary_and_store`."""
+    if _unsupported(head_dim, cos_sin) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        q, k, v = qkv.materialize().split([heads * head_dim, kv_heads * head_dim,
+                                           kv_heads * head_dim], dim=-1)
+        return rotary_and_store(positions, q.reshape(1, heads, head_dim),
+                                k.reshape(1, kv_heads, head_dim),
+                                v.reshape(1, kv_heads, head_dim), cos_sin, k_cache, v_cache,
+                                slot_mapping, k_scale, v_scale)
+    qo = torch.empty(1, heads, head_dim, dtype=qkv.dtype, device=qkv.acc.device)
+    cs = cos_sin if cos_sin.is_contiguous() else cos_sin.contiguous()
+    _rotary_store_deferred_kernel[(1,)](
+        positions, slot_mapping, qkv.acc, qkv.bias if qkv.bias is not None else qo, cs, qo,
+        k_cache, v_cache, float(k_scale), float(v_scale), heads, kv_heads,
+        HALF=head_dim // 2, BLOCK_HQ=triton.next_power_of_2(heads),
+        BLOCK_HK=triton.next_power_of_2(kv_heads), QUANT=k_cache.dtype != qkv.dtype,
+        HAS_BIAS=qkv.bias is not None, BLOCK_ROW=triton.next_power_of_2(qkv.shape[1]),
+        num_warps=8, **launch_opts("rotary"))
     return qo

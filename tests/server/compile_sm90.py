@@ -194,6 +194,19 @@ def main() -> int:
         ("decode reduce, PDL eager", ta._decode_reduce_kernel, dec, {"NUM_HEADS": 28, "D": 128,
          "BLOCK_D": 128, "BLOCK_N": dc["block_n"], "SPLITS_PAD": 8,
          "KV_EARLY": dc["kv_early"], "PDL": 3}, 4, 2),
+        # a deferred one-row GEMV sum's readers (ops/deferred.py): the rotary + KV write
+        # of Qwen2.5-7B's q/k/v row (with its bias), the add + RMSNorm of o's / down's
+        ("rotary + KV write, deferred q/k/v row", tr._rotary_store_deferred_kernel,
+         {"pos_ptr": "*i64", "slot_ptr": "*i64", "acc_ptr": "*i64", "b_ptr": "*bf16",
+          "qo_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "k_scale": "fp32",
+          "v_scale": "fp32"},
+         {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 4, "QUANT": False, "HAS_BIAS": True,
+          "BLOCK_ROW": 8192}, 8, 2),
+        ("add + rmsnorm, deferred row", tln._rms_norm_kernel,
+         {"x_ptr": "*i64", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+          "res_out_ptr": "*bf16", "b_ptr": "*bf16", "eps": "fp32"},
+         {"N": 3584, "BLOCK": 4096, "ADD": True, "EARLY": True, "DEFERRED": True,
+          "HAS_BIAS": False}, 8, 1),
         # the decode logits GEMV (launched plainly, after the forward's graph)
         ("logits gemv, one row", tlg._logits_gemv_kernel,
          {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*fp32"},
@@ -220,6 +233,7 @@ def main() -> int:
     failed += not gluon_gemv_feeds_mma_in_registers(target, w4)
     failed += not gluon_tma_gemv_streams_by_tma(target, w4)
     failed += not gluon_tma_stream_k_compiles(target, w4)
+    failed += not gluon_gemvs_defer_their_sum(target, w4)
     failed += not step_inputs_read_before_the_wait(target, dec, dec_cx, dc, rope, rope_cx)
     return 1 if failed else 0
 
@@ -241,8 +255,9 @@ def step_inputs_read_before_the_wait(target, dec: dict, dec_cx: dict, dc: dict, 
              "add + rmsnorm, weight early": (
                  tln._rms_norm_kernel, {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16",
                                         "out_ptr": "*bf16", "res_out_ptr": "*bf16",
-                                        "eps": "fp32"},
-                 {"N": 3584, "BLOCK": 4096, "ADD": True, "EARLY": True}, 8, 1)}
+                                        "b_ptr": "*bf16", "eps": "fp32"},
+                 {"N": 3584, "BLOCK": 4096, "ADD": True, "EARLY": True, "DEFERRED": False,
+                  "HAS_BIAS": False}, 8, 1)}
     seen = {}
     try:
         for key, (fn, ptrs, cx, warps, stages) in cases.items():
@@ -546,23 +561,83 @@ def tma_gemv_types(dt: str, bn: int, zero: bool) -> dict[str, str]:
                        f"tensordesc<{dt}[1, {bn}],{nvmma.format(0, 16)}>")}
 
 
-def _compile_tma_gemv(target, fn, cx: dict, dt: str, zero: bool, maxnreg: int
-                      ) -> tuple[str, int, int]:
+def _compile_tma_gemv(target, fn, cx: dict, dt: str, zero: bool, maxnreg: int,
+                      over: dict | None = None) -> tuple[str, int, int]:
     """A TMA GEMV entry compiled as a launch types it (`tma_gemv_types`, TMA_GEMV_ALIGNED
-    where it has the argument): (PTX, most registers a thread, spill-store bytes; -1 where
-    ptxas did not say)."""
+    where it has the argument; `over`: other types): (PTX, most registers a thread,
+    spill-store bytes; -1 where ptxas did not say)."""
     import re
 
     from triton.experimental.gluon._runtime import GluonASTSource
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
              for a in TMA_GEMV_ALIGNED if a in fn.arg_names}
-    ptrs = tma_gemv_types(dt, cx["BLOCK_N"], zero)
+    ptrs = {**tma_gemv_types(dt, cx["BLOCK_N"], zero), **(over or {})}
     sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
     ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
                                {"num_warps": cx["WARPS"], "maxnreg": maxnreg})
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     spills = re.search(r"(\d+) bytes spill stores", log)
     return ptx, max(regs) if regs else -1, int(spills.group(1)) if spills else -1
+
+
+# A deferred sum's launch (ops/deferred.py): the partials, result and counters all the
+# layer's int64 accumulator row.
+DEFERRED_TYPES = {"part_ptr": "*i64", "res_ptr": "*i64", "cnt_ptr": "*i64"}
+
+
+def gluon_gemvs_defer_their_sum(target, w4: dict) -> bool:
+    """The one-row GEMVs that defer their split sum (FUSED 2: q/k/v and o on the register
+    kernel, down on the TMA kernel with its SiLU) compile for fp16 and bf16: each split
+    adds its fixed-point partial by a relaxed 64-bit atomic add, and nothing of the
+    arrival protocol is left (no acq_rel atomic, no counter exchange), within the
+    register budgets of their tensor forms and without spills."""
+    import re
+
+    from triton.experimental.gluon._runtime import GluonASTSource
+    name = "w4 GEMVs, Gluon, deferred sum: fixed-point atomic adds, no arrival counter"
+    if not (gw.IMPORTED and gt.IMPORTED):
+        print(f"FAILED {name}: triton.experimental.gluon did not import")
+        return False
+    bn, warps = w4["gemv_mma_block_n"], w4["gemv_mma_warps"]
+    got = {}
+    try:
+        for dt, zero in (("fp16", True), ("bf16", False)):
+            fn = gw._w4_gemv_mma_kernel
+            cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": False, "BLOCK_N": bn,
+                  "WARPS": warps, "F16": dt == "fp16", "SPLITS_PAD": 1, "FUSED": 2, "PDL": 1,
+                  "PRELOAD": w4["gemv_mma_preload"], "ACT": False, "BLOCKED": False,
+                  "DEPTH": 1, "XS_TILES": 0}
+            attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+                     for a in REGISTER_GEMV_ALIGNED}
+            ptrs = {**register_gemv_types(dt), **DEFERRED_TYPES}
+            sig = {a: "constexpr" if a in cx else ptrs.get(a, "i32") for a in fn.arg_names}
+            ptx, log = _compile_logged(GluonASTSource(fn, sig, cx, attrs), target,
+                                       {"num_warps": warps})
+            regs = re.search(r"Used (\d+) registers", log)
+            spills = re.search(r"(\d+) bytes spill stores", log)
+            got["registers", dt] = (int(regs.group(1)) if regs else -1,
+                                    int(spills.group(1)) if spills else -1, ptx)
+            t = w4["gemv_mma_one_row"]["deep"]["tma"]
+            plan = tq._tma_plan(18944, t, w4)
+            cx = {"GROUP": 128, "HAS_ZERO": zero, "HAS_BIAS": False, "BLOCK_N": bn,
+                  "WARPS": warps, "F16": dt == "fp16", "STAGES": plan.stages,
+                  "XS_TILES": plan.xs_tiles, "ACT": True, "SPLITS_PAD": 1, "FUSED": 2,
+                  "PDL": 1, "BLOCKED": False}
+            ptx, regs, spills = _compile_tma_gemv(target, gt._w4_gemv_tma_kernel, cx, dt, zero,
+                                                  plan.maxnreg, DEFERRED_TYPES)
+            got["tma", dt] = (regs, spills, ptx)
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    summary = {}
+    for key, (regs, spills, ptx) in got.items():
+        adds = re.findall(r"(?:atom|red)\.global\.gpu\.relaxed\.add\.u64", ptx)
+        summary[key] = (regs, spills, len(adds), "acq_rel" in ptx or ".exch." in ptx)
+    ok = all(regs >= 0 and spills == 0 and adds > 0 and not protocol
+             for regs, spills, adds, protocol in summary.values())
+    print(f"{'ok' if ok else 'FAILED'} {name} (registers, spill bytes, 64-bit adds, "
+          f"arrival protocol left): {summary}")
+    return ok
 
 
 def gluon_tma_gemv_streams_by_tma(target, w4: dict) -> bool:

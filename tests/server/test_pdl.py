@@ -75,7 +75,7 @@ def test_every_pdl_launch_waits_first():
             assert ast.unparse(first) == "pdl_wait(PDL)", \
                 f"{path.name}:{name} touches memory before pdl_wait(PDL): {ast.unparse(first)}"
     # The decode path's kernels (norms, rotary + KV write, attention, SiLU, quantized GEMVs).
-    assert checked >= 15 and early == 4
+    assert checked >= 15 and early == 5   # + the rotary reading a deferred q/k/v row
 
 
 def test_no_pdl_under_the_interpreter_or_when_switched_off(monkeypatch):

@@ -91,14 +91,16 @@ def g_idx_loader(layer: LinearBase, tensor: str):
 class Int4Method(LinearMethod):
     """The GEMM half of the 4-bit methods."""
 
-    def apply(self, layer, x, bias):
+    defers = True   # a one-row call may leave its sum to the reader (ops/deferred.py)
+
+    def apply(self, layer, x, bias, deferred=None):
         if layer.perm is not None:
             x = x.index_select(-1, layer.perm)
         return layer.ops.w4a16_linear(x, layer.qweight, layer.scales, layer.zeros,
-                                      layer.group_size, bias)
+                                      layer.group_size, bias, deferred)
 
-    def apply_silu_mul(self, layer, x, bias):
+    def apply_silu_mul(self, layer, x, bias, deferred=None):
         if layer.perm is not None:   # act-order: the input's columns gathered after the SiLU
-            return self.apply(layer, layer.ops.silu_and_mul(x), bias)
+            return self.apply(layer, layer.ops.silu_and_mul(x), bias, deferred)
         return layer.ops.w4a16_silu_linear(x, layer.qweight, layer.scales, layer.zeros,
-                                           layer.group_size, bias)
+                                           layer.group_size, bias, deferred)
