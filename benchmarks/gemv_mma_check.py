@@ -342,10 +342,62 @@ def _deferred_cases(tq, shipped: dict, rows: list) -> int:
             print("FAILED", json.dumps(rows[-1]))
     cfg.clear()
     cfg.update(shipped)
-    done = [r for r in rows if "deferred" in r]
+    failures += _deferred_readers(rows)
+    done = [r for r in rows if "deferred" in r and "rel_err" in r]
     print(f"deferred sums: {len(done)} cases, {failures} failures; worst rel err "
           f"{max(r['rel_err'] for r in done):.2e} (shipped "
           f"{max(r['shipped_rel_err'] for r in done):.2e})")
+    return failures
+
+
+def _deferred_readers(rows: list) -> int:
+    """The Triton readers of a deferred row on the GPU (the interpreter runs a tensor as
+    one: it cannot show a layout that holds an element in several threads, one of which
+    re-arms the row before another read it, the race the twenty-seventh session's first
+    engine run met): the fused add + RMSNorm at o's row and the rotary + KV write at
+    Qwen2.5-7B's q/k/v row (with a bias; bf16 and an fp8 cache) give the bits of the row
+    made a tensor then the plain kernels, and leave the accumulator zero."""
+    import torch
+
+    from pagefleet.server.ops import deferred, rotary, triton_layernorm, triton_rotary
+    from pagefleet.server.ops.deferred import DeferredSum
+    failures = 0
+    for dtype, fp8 in ((torch.float16, False), (torch.bfloat16, False), (torch.bfloat16, True)):
+        parts = torch.randn(14, 1, 3584, device="cuda") * 3
+        d = DeferredSum(deferred.fixed_point(parts), None, dtype)
+        res = torch.randn(1, 3584, device="cuda").to(dtype)
+        w = torch.randn(3584, device="cuda").to(dtype)
+        want = triton_layernorm.fused_add_rms_norm(
+            DeferredSum(d.acc.clone(), None, dtype).materialize(), res, w, 1e-6)
+        got = triton_layernorm.fused_add_rms_norm(d, res, w, 1e-6)
+        norm_ok = (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+                   and not d.acc.any())
+        heads, kv, hd = 28, 4, 128
+        parts = torch.randn(14, 1, (heads + 2 * kv) * hd, device="cuda") * 3
+        bias = (torch.randn((heads + 2 * kv) * hd, device="cuda") * 0.1).to(dtype)
+        q_row = DeferredSum(deferred.fixed_point(parts), bias, dtype)
+        cs = rotary.cos_sin_cache(hd, 4096, 1e6, None).cuda()
+        pos = torch.tensor([1025], device="cuda")
+        slot = torch.tensor([77], device="cuda")
+        cdt = torch.float8_e4m3fn if fp8 else dtype
+        caches = [torch.zeros(128, kv, hd, device="cuda", dtype=cdt) for _ in range(4)]
+        q, k, v = DeferredSum(q_row.acc.clone(), bias, dtype).materialize().split(
+            [heads * hd, kv * hd, kv * hd], -1)
+        want_q = triton_rotary.rotary_and_store(
+            pos, q.reshape(1, heads, hd), k.reshape(1, kv, hd), v.reshape(1, kv, hd), cs,
+            caches[0], caches[1], slot, 0.5, 0.25)
+        got_q = triton_rotary.rotary_and_store_deferred(pos, q_row, heads, kv, hd, cs,
+                                                        caches[2], caches[3], slot, 0.5, 0.25)
+        rope_ok = (torch.equal(got_q, want_q) and not q_row.acc.any()
+                   and torch.equal(caches[2].view(torch.uint8), caches[0].view(torch.uint8))
+                   and torch.equal(caches[3].view(torch.uint8), caches[1].view(torch.uint8)))
+        ok = norm_ok and rope_ok
+        failures += not ok
+        rows.append({"deferred": True, "readers": True, "dtype": str(dtype), "fp8_cache": fp8,
+                     "norm": norm_ok, "rotary": rope_ok, "ok": ok})
+        if not ok:
+            print("FAILED", json.dumps(rows[-1]))
+    print(f"deferred readers: 3 cases, {failures} failures")
     return failures
 
 
