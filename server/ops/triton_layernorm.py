@@ -63,6 +63,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, b_ptr, eps, n_
     row = tl.program_id(0)
     outer = row // n_inner
     inner = row % n_inner
+    if ADD:   # issued with x's loads (a deferred row's barrier would hold it back)
+        r = tl.load(res_ptr + outer.to(tl.int64) * stride_r0 + inner * stride_r1 + cols,
+                    mask=mask, other=0.0)
     if DEFERRED:
         x = deferred_row(x_ptr, b_ptr, cols, mask, out_ptr.dtype.element_ty, HAS_BIAS)
         rearm(x_ptr, N, BLOCK)
@@ -70,8 +73,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, b_ptr, eps, n_
         x = tl.load(x_ptr + outer.to(tl.int64) * stride_x0 + inner * stride_x1 + cols,
                     mask=mask, other=0.0)
     if ADD:
-        r = tl.load(res_ptr + outer.to(tl.int64) * stride_r0 + inner * stride_r1 + cols,
-                    mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row.to(tl.int64) * N + cols, x, mask=mask)
     xf = x.to(tl.float32)

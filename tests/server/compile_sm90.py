@@ -234,6 +234,7 @@ def main() -> int:
     failed += not gluon_tma_gemv_streams_by_tma(target, w4)
     failed += not gluon_tma_stream_k_compiles(target, w4)
     failed += not gluon_gemvs_defer_their_sum(target, w4)
+    failed += not deferred_norm_reads_before_rearming(target)
     failed += not step_inputs_read_before_the_wait(target, dec, dec_cx, dc, rope, rope_cx)
     return 1 if failed else 0
 
@@ -637,6 +638,32 @@ def gluon_gemvs_defer_their_sum(target, w4: dict) -> bool:
              for regs, spills, adds, protocol in summary.values())
     print(f"{'ok' if ok else 'FAILED'} {name} (registers, spill bytes, 64-bit adds, "
           f"arrival protocol left): {summary}")
+    return ok
+
+
+def deferred_norm_reads_before_rearming(target) -> bool:
+    """The add + RMSNorm reading a deferred row (o's, down's) issues every global load
+    (the row, the residual; the weight before the PDL wait) ahead of the barrier that
+    re-arms the row: a load after it would add a trip to L2 to the reader's latency."""
+    import re
+    name = "add + rmsnorm, deferred row: every load before the re-arming barrier"
+    fn = tln._rms_norm_kernel
+    ptrs = {"x_ptr": "*i64", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+            "res_out_ptr": "*bf16", "b_ptr": "*bf16", "eps": "fp32"}
+    cx = {"N": 3584, "BLOCK": 4096, "ADD": True, "EARLY": True, "DEFERRED": True,
+          "HAS_BIAS": False, "PDL": 1}
+    try:
+        src = ASTSource(fn=fn, signature=signature(fn, ptrs, cx), constexprs=cx)
+        ptx = triton.compile(src, target=target, options={"num_warps": 8,
+                                                          "launch_pdl": True}).asm["ptx"]
+    except Exception as e:   # noqa: BLE001 - reported like the others
+        print(f"FAILED {name}: {e!r}"[:2000])
+        return False
+    bar = ptx.find("bar.sync")
+    before = sorted(set(re.findall(r"ld\.global\.\w+", ptx[:max(bar, 0)])))
+    after = len(re.findall(r"ld\.global", ptx[max(bar, 0):]))
+    ok = bar > 0 and after == 0 and "ld.global.b64" in before
+    print(f"{'ok' if ok else 'FAILED'} {name} (loads before: {before}, after: {after})")
     return ok
 
 
