@@ -69,11 +69,12 @@ class Ops:
     @classmethod
     def fp8_silu_linear(cls, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         block: tuple[int, int], input_scale: torch.Tensor | None = None,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
+                        bias: torch.Tensor | None = None,
+                        deferred: DeferredSlot | None = None) -> "torch.Tensor | DeferredSum":
         """The fp8 down projection of silu(gate) * up: the two ops in a row here (whichever
         a subclass picked); TritonOps does the SiLU in the decode GEMV's activation load."""
         return cls.fp8_linear(cls.silu_and_mul(x), weight, weight_scale, block, input_scale,
-                              bias)
+                              bias, deferred)
 
     @classmethod
     def w4a16_silu_linear(cls, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

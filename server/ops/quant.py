@@ -58,8 +58,9 @@ def fp8_dequantize(weight: torch.Tensor, weight_scale: torch.Tensor, block: tupl
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                block: tuple[int, int], input_scale: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Weight-only fp8 (w8a16): `x @ dequantized(weight).T (+ bias)` in x's dtype."""
+               bias: torch.Tensor | None = None, deferred=None) -> torch.Tensor:
+    """Weight-only fp8 (w8a16): `x @ dequantized(weight).T (+ bias)` in x's dtype.
+    (`deferred`: taken and ignored, as by `w4a16_linear`.)"""
     del input_scale   # activations stay in x's dtype on this path
     out = x @ fp8_dequantize(weight, weight_scale, block, x.dtype).t()
     return out if bias is None else out + bias

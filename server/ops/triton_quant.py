@@ -294,6 +294,9 @@ FP8_CONFIG = {
     "programs_per_sm": 4,
     "max_split": 32,
     "fused_reduce": True,   # split-K partials summed by the tile's last program (below)
+    # W4_CONFIG["deferred_sum"] for the one-row fp8 GEMV (ops/deferred.py): off until an
+    # engine A/B on a GPU measures it (engine_gemv_ab.py --quantization fp8)
+    "deferred_sum": False,
     "act_block": 1024,
 }
 
@@ -428,8 +431,12 @@ def _store_split(val, part_ptr, res_ptr, cnt_ptr, b_ptr, tile, splits, pid_s, MN
     columns). Not FUSED: stored as it is (plus the bias, HAS_BIAS) to split `pid_s` of
     `part_ptr`, in part_ptr's dtype. FUSED: stored to its split, and the tile's last
     program sums every split in order, adds the bias and rounds once into `res_ptr`: the
-    additions `_splitk_reduce_kernel` makes, so the same bits."""
-    if FUSED:
+    additions `_splitk_reduce_kernel` makes, so the same bits. FUSED 2: added in fixed
+    point to the int64 row at `part_ptr`, which the reader finishes (ops/deferred.py)."""
+    if FUSED == 2:   # a deferred one-row sum: fixed point into the layer's row (deferred.py)
+        tl.atomic_add(part_ptr + offs, (val * 1073741824.0).to(tl.int64), mask=mask,
+                      sem="relaxed", scope="gpu")
+    elif FUSED:
         tl.store(part_ptr + pid_s.to(tl.int64) * MN + offs, val, mask=mask)
         if last_arrival(cnt_ptr + tile, splits):
             acc = tl.zeros_like(val)
@@ -1346,9 +1353,12 @@ def _scale_layout(weight: torch.Tensor, weight_scale: torch.Tensor, block: tuple
 
 
 def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool, bias,
-                dtype, act: bool = False) -> torch.Tensor | None:
+                dtype, act: bool = False, deferred: DeferredSlot | None = None
+                ) -> "torch.Tensor | DeferredSum | None":
     """The fp8 kernels' common launch; None when the scale layout does not fit a tile.
-    act (GEMV only): x is `[gate | up]`, the input silu(gate) * up."""
+    act (GEMV only): x is `[gate | up]`, the input silu(gate) * up. `deferred`: the
+    layer's accumulator, which a split one-row GEMV adds into where FP8_CONFIG
+    ["deferred_sum"] is on (a `DeferredSum` is returned: ops/deferred.py)."""
     m, k = x.shape
     k = k // 2 if act else k
     n = weight.shape[0]
@@ -1369,6 +1379,10 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
         o = _outputs(splits, m, n, tiles, x, dtype, bias, cfg)
+        acc = (deferred.buffer(n, x.device) if deferred is not None and m == 1 and splits > 1
+               and o.fused and cfg["deferred_sum"] else None)
+        if acc is not None:   # the partials go to the accumulator row; the reader adds the bias
+            o = _Outputs(acc.view(1, 1, n), acc, acc, 2, False)
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, o.part, o.res, o.cnt, n, k, x.stride(0), ws.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits, bn_s, bk_s, ROW_SCALE=row,
@@ -1376,6 +1390,8 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             PREFETCH=bool(cfg["gemv_prefetch"]), XB=bool(cfg["gemv_xb"]) and not act,
             KCHUNK=min(int(cfg["gemv_kchunk"]), bk), SPLITS_PAD=o.splits_pad, FUSED=o.fused,
             num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
+        if acc is not None:
+            return DeferredSum(acc, bias, dtype)
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))
@@ -1395,12 +1411,14 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
 
 def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                      block: tuple[int, int], input_scale: torch.Tensor | None = None,
-                     bias: torch.Tensor | None = None, gemv: bool | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, gemv: bool | None = None,
+                     deferred: DeferredSlot | None = None) -> "torch.Tensor | DeferredSum":
     """Same as `quant.fp8_linear` (weight-only): GEMV or tl.dot kernel."""
     m = x.shape[0]
     gemv = m <= FP8_CONFIG["gemv_max_m"] if gemv is None else gemv
     x = x.contiguous()
-    r = _fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype) if m else None
+    r = (_fp8_launch(x, weight, weight_scale, block, None, False, gemv, bias, x.dtype,
+                     deferred=deferred) if m else None)
     return twin.fp8_linear(x, weight, weight_scale, block, input_scale, bias) if r is None else r
 
 
@@ -1431,7 +1449,8 @@ def _gluon_ok(x: torch.Tensor, n: int, k: int, group_size: int, scales: torch.Te
 
 def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                     block: tuple[int, int], input_scale: torch.Tensor | None = None,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+                    bias: torch.Tensor | None = None,
+                    deferred: DeferredSlot | None = None) -> "torch.Tensor | DeferredSum":
     """`fp8_linear(silu_and_mul(x))` (the MLP's down projection): up to the GEMV's batch
     the SiLU-and-mul happens in the GEMV's activation load, bit for bit as the two
     kernels in a row (one launch per layer fewer); above it, the two."""
@@ -1440,11 +1459,11 @@ def fp8_silu_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
                                                 FP8_CONFIG["w8a16_max_m"]):
         x = x.contiguous()
         r = _fp8_launch(x, weight, weight_scale, block, None, False, True, bias, x.dtype,
-                        act=True)
+                        act=True, deferred=deferred)
         if r is not None:
             return r
     return fp8_linear(triton_activation.silu_and_mul(x), weight, weight_scale, block,
-                      input_scale, bias)
+                      input_scale, bias, deferred)
 
 
 def _scaled_mm_ok(q: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -1491,9 +1510,11 @@ def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                block: tuple[int, int], input_scale: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None,
+               deferred: DeferredSlot | None = None) -> "torch.Tensor | DeferredSum":
     """The GPU's fp8 GEMM: weight-only up to FP8_CONFIG['w8a16_max_m'] rows (twin:
     `quant.fp8_linear`), fp8 activations above (twin: `quant.fp8_w8a8_linear`)."""
     if x.shape[0] <= FP8_CONFIG["w8a16_max_m"]:
-        return fp8_w8a16_linear(x, weight, weight_scale, block, input_scale, bias)
+        return fp8_w8a16_linear(x, weight, weight_scale, block, input_scale, bias,
+                                deferred=deferred)
     return fp8_w8a8_linear(x, weight, weight_scale, block, input_scale, bias)

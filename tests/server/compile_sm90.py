@@ -130,6 +130,14 @@ def main() -> int:
          "ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
          "BLOCK_K": f8["gemv_block_k"], "ACT": True, "PREFETCH": f8["gemv_prefetch"],
          "XB": False, "KCHUNK": 16, **fused}, f8["gemv_warps"], f8["gemv_stages"]),
+        # its deferred one-row sum (FP8_CONFIG["deferred_sum"]): fixed point into the
+        # layer's int64 row (the partials, result and counters all that row)
+        ("fp8 gemv, SiLU in the load, deferred sum", tq._fp8_gemv_kernel,
+         {**fp8, "out_ptr": "*i64", "res_ptr": "*i64", "cnt_ptr": "*i64"}, {
+         "ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
+         "BLOCK_K": f8["gemv_block_k"], "ACT": True, "PREFETCH": f8["gemv_prefetch"],
+         "XB": False, "KCHUNK": f8["gemv_kchunk"], "SPLITS_PAD": 1, "FUSED": 2},
+         f8["gemv_warps"], f8["gemv_stages"]),
         ("fp8 gemv, weights prefetched, activations in their layout", tq._fp8_gemv_kernel,
          fp8, {"ROW_SCALE": True, "HAS_BIAS": False, "BLOCK_N": f8["gemv_block_n"],
                "BLOCK_K": f8["gemv_block_k"], "ACT": False, "PREFETCH": True, "XB": True,

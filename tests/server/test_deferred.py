@@ -100,20 +100,20 @@ def _deferring_ops(base):
     the layer's accumulator (which the readers must find zero)."""
     from pagefleet.server.ops import quant
 
-    def w4a16_linear(x, qweight, scales, zeros, group_size, bias=None, deferred_slot=None):
-        if deferred_slot is None or x.shape[0] != 1:
+    def w4a16_linear(x, qweight, scales, zeros, group_size, bias=None, deferred=None):
+        if deferred is None or x.shape[0] != 1:
             return base.w4a16_linear(x, qweight, scales, zeros, group_size, bias)
         w = quant.w4_dequantize(qweight, scales, zeros, group_size, torch.float32)
         ks = torch.arange(w.shape[0]).chunk(3)
         parts = torch.stack([x[:, i].float() @ w[i] for i in ks])
-        acc = deferred_slot.buffer(w.shape[1], x.device)
+        acc = deferred.buffer(w.shape[1], x.device)
         assert not acc.any(), "a reader left the accumulator armed"
         acc += deferred.fixed_point(parts)
         return DeferredSum(acc, bias, x.dtype)
 
-    def w4a16_silu_linear(x, qweight, scales, zeros, group_size, bias=None, deferred_slot=None):
+    def w4a16_silu_linear(x, qweight, scales, zeros, group_size, bias=None, deferred=None):
         return w4a16_linear(base.silu_and_mul(x), qweight, scales, zeros, group_size, bias,
-                            deferred_slot)
+                            deferred)
 
     class Deferring(base):
         pass
@@ -165,3 +165,35 @@ def test_a_model_whose_one_row_gemvs_defer_gives_the_torch_tokens(tmp_path, arch
             assert all(s.acc is not None and not s.acc.any() for s in slots), name
     for name in ("deferred-torch", "deferred-triton", "deferred-pieces"):
         assert outs[name] == outs["torch"], name
+
+
+@pytest.mark.usefixtures("tiles")
+def test_the_fp8_gemv_defers_in_the_interpreter_and_gives_the_same_tokens(tmp_path, monkeypatch):
+    """The one-row fp8 GEMV (a Triton kernel: its fixed-point adds run here, unlike the
+    Gluon 4-bit ones) with FP8_CONFIG["deferred_sum"] on, through TritonOps' readers:
+    the tokens of the arrival-counter sum, and every accumulator zero after."""
+    from pagefleet.server import LLM, SamplingParams
+    from pagefleet.server.ops import triton_quant
+    from pagefleet.server.ops.triton_ops import TritonOps
+    from pagefleet.server.testing import build_tiny_model
+    from tests.server.helpers import random_prompts
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", hidden_size=64, num_layers=2,
+                           num_heads=2, num_kv_heads=1, vocab_size=300)
+    prompts = random_prompts(6, [9, 5], 290)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    outs, made = {}, {}
+    # enough programs that q/k/v's 128 columns split K too
+    monkeypatch.setitem(triton_quant.FP8_CONFIG, "target_programs", 64)
+    for on in (False, True):
+        monkeypatch.setitem(triton_quant.FP8_CONFIG, "deferred_sum", on)
+        llm = LLM(src, max_model_len=64, max_num_seqs=1, enforce_eager=True, quantization="fp8")
+        runner = llm.engine.runner
+        runner.set_ops(TritonOps)
+        outs[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        slots = [m.deferred for m in runner.model.modules()
+                 if getattr(m, "deferred", None) is not None]
+        made[on] = [s.acc is not None for s in slots]
+        assert all(s.acc is None or not s.acc.any() for s in slots)
+    assert outs[True] == outs[False]
+    assert not any(made[False]) and all(made[True]) and len(made[True]) == 6

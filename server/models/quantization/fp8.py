@@ -119,13 +119,18 @@ class Fp8LinearMethod(LinearMethod):
             # One activation scale for the fused input: the parts' largest (vLLM does the same).
             layer.input_scale = make_param(layer.input_scale.data.max().reshape(1).clone())
 
-    def apply(self, layer, x, bias):
-        return layer.ops.fp8_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
-                                    layer.input_scale, bias)
+    defers = True   # a one-row call may leave its sum to the reader (ops/deferred.py)
 
-    def apply_silu_mul(self, layer, x, bias):
+    def apply(self, layer, x, bias, deferred=None):
+        # `deferred` only when asked: an op bundle's fp8_linear need not take it
+        return layer.ops.fp8_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
+                                    layer.input_scale, bias,
+                                    **({} if deferred is None else {"deferred": deferred}))
+
+    def apply_silu_mul(self, layer, x, bias, deferred=None):
         return layer.ops.fp8_silu_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
-                                         layer.input_scale, bias)
+                                         layer.input_scale, bias,
+                                         **({} if deferred is None else {"deferred": deferred}))
 
 
 class Fp8OnlineMethod(Fp8LinearMethod):
