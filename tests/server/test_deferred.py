@@ -165,3 +165,24 @@ def test_a_model_whose_one_row_gemvs_defer_gives_the_torch_tokens(tmp_path, arch
             assert all(s.acc is not None and not s.acc.any() for s in slots), name
     for name in ("deferred-torch", "deferred-triton", "deferred-pieces"):
         assert outs[name] == outs["torch"], name
+
+
+def test_rotary_reader_does_not_specialize_on_the_step_inputs_alignment():
+    """As `_rotary_store_kernel` (step inputs are staging slices, at any offset): one
+    compiled variant whatever the position's and slot's alignment, so a one-row step
+    reading them from the staged `[4, width]` block (8 bytes in at width 1) rather than
+    the decode path's `_g_tok` compiles nothing new while serving."""
+    from pagefleet.server.ops import jit_variants, rotary, triton_rotary
+    heads, kv_heads, d = 4, 2, 32
+    n = (heads + 2 * kv_heads) * d
+    cs = rotary.cos_sin_cache(d, 64, 10000.0, None)
+    with jit_variants.record() as seen:
+        for width in (1, 2):   # positions 8 and 16 bytes into the staged [4, width] block
+            tok = torch.zeros(4, width, dtype=torch.long)
+            tok[1], tok[2] = 17, 5
+            kc, vc = torch.zeros(8, kv_heads, d), torch.zeros(8, kv_heads, d)
+            triton_rotary.rotary_and_store_deferred(tok[1][:1], _deferred(n, 3, width, False),
+                                                    heads, kv_heads, d, cs, kc, vc,
+                                                    tok[2][:1])
+    assert len(seen["triton_rotary._rotary_store_deferred_kernel"]) == 1
+
