@@ -143,7 +143,7 @@ def _deferred_heads(acc_ptr, b_ptr, base, H, dt, HAS_BIAS: tl.constexpr, HALF: t
     return x1, x2, h, mask
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])   # staging slices
 def _rotary_store_deferred_kernel(pos_ptr, slot_ptr, acc_ptr, b_ptr, cs_ptr, qo_ptr, kc_ptr,
                                   vc_ptr, k_scale, v_scale, HQ, HK, HALF: tl.constexpr,
                                   BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,

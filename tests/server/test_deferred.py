@@ -197,3 +197,24 @@ def test_the_fp8_gemv_defers_in_the_interpreter_and_gives_the_same_tokens(tmp_pa
         assert all(s.acc is None or not s.acc.any() for s in slots)
     assert outs[True] == outs[False]
     assert not any(made[False]) and all(made[True]) and len(made[True]) == 6
+
+
+def test_rotary_reader_does_not_specialize_on_the_step_inputs_alignment():
+    """As `_rotary_store_kernel` (step inputs are staging slices, at any offset): one
+    compiled variant whatever the position's and slot's alignment, so a one-row step
+    reading them from the staged `[4, width]` block (8 bytes in at width 1) rather than
+    the decode path's `_g_tok` compiles nothing new while serving."""
+    from pagefleet.server.ops import jit_variants, rotary, triton_rotary
+    heads, kv_heads, d = 4, 2, 32
+    n = (heads + 2 * kv_heads) * d
+    cs = rotary.cos_sin_cache(d, 64, 10000.0, None)
+    with jit_variants.record() as seen:
+        for width in (1, 2):   # positions 8 and 16 bytes into the staged [4, width] block
+            tok = torch.zeros(4, width, dtype=torch.long)
+            tok[1], tok[2] = 17, 5
+            kc, vc = torch.zeros(8, kv_heads, d), torch.zeros(8, kv_heads, d)
+            triton_rotary.rotary_and_store_deferred(tok[1][:1], _deferred(n, 3, width, False),
+                                                    heads, kv_heads, d, cs, kc, vc,
+                                                    tok[2][:1])
+    assert len(seen["triton_rotary._rotary_store_deferred_kernel"]) == 1
+
