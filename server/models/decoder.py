@@ -53,6 +53,11 @@ class AttentionMetadata:
     v_scale: float = 1.0
 
 
+def _deferred_kw(slot: DeferredSlot | None) -> dict:
+    """`deferred=` only when there is one: a subclass's linear need not take it."""
+    return {} if slot is None else {"deferred": slot}
+
+
 class Ops:
     """The op implementations a model calls: torch twins by default, Triton on CUDA."""
 
@@ -74,7 +79,7 @@ class Ops:
         """The fp8 down projection of silu(gate) * up: the two ops in a row here (whichever
         a subclass picked); TritonOps does the SiLU in the decode GEMV's activation load."""
         return cls.fp8_linear(cls.silu_and_mul(x), weight, weight_scale, block, input_scale,
-                              bias, deferred)
+                              bias, **_deferred_kw(deferred))
 
     @classmethod
     def w4a16_silu_linear(cls, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -84,7 +89,7 @@ class Ops:
         """The 4-bit down projection of silu(gate) * up: the two ops in a row here;
         TritonOps computes the SiLU as the one-row GEMV stages its input."""
         return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias,
-                                deferred)
+                                **_deferred_kw(deferred))
 
     @staticmethod
     def fused_add_rms_norm(x: "torch.Tensor | DeferredSum", residual: torch.Tensor,

@@ -27,9 +27,12 @@ the decoder: no tensor-parallel all-reduce between, no q/k norm); any other op t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger("pagefleet.engine")
 
 SCALE = float(1 << 30)     # fixed-point units a 1.0
 
@@ -37,19 +40,39 @@ SCALE = float(1 << 30)     # fixed-point units a 1.0
 class DeferredSlot:
     """A layer's accumulator row: int64 `[1, N]`, zero between calls (every consumer
     zeroes what it read). Made on the first eager one-row call, never inside a CUDA
-    graph capture (a buffer made there would belong to the graph's pool)."""
+    graph capture (a buffer made there would belong to the graph's pool).
+
+    `armed`: a sum was handed out (`DeferredSum`) and not yet taken by a reader. Found
+    set when the next call asks for the row, the read never happened (an exception
+    between the GEMV and its reader, in an eager forward): the row still holds that
+    sum, and adding onto it would corrupt every later output of the layer, silently, so
+    it is zeroed first (with a warning). Python bookkeeping only: a graph replay runs the
+    captured producer and reader together."""
 
     def __init__(self) -> None:
         self.acc: torch.Tensor | None = None
+        self.armed = False
 
     def buffer(self, n: int, device: torch.device) -> torch.Tensor | None:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         acc = self.acc
         if acc is not None and acc.shape[1] == n and acc.device == device:
+            if self.armed and not capturing:
+                log.warning("a deferred GEMV sum was never read (an error between the GEMV "
+                            "and its reader?): its accumulator is zeroed before reuse")
+                acc.zero_()
+                self.armed = False
             return acc
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing:
             return None
         self.acc = torch.zeros(1, n, dtype=torch.int64, device=device)
+        self.armed = False
         return self.acc
+
+    def hand_out(self, bias: torch.Tensor | None, dtype: torch.dtype) -> "DeferredSum":
+        """The sum a launch just added into this row, for its reader."""
+        self.armed = True
+        return DeferredSum(self.acc, bias, dtype, self)
 
 
 @dataclass(eq=False)
@@ -60,10 +83,16 @@ class DeferredSum:
     acc: torch.Tensor
     bias: torch.Tensor | None
     dtype: torch.dtype
+    slot: DeferredSlot | None = None
 
     @property
     def shape(self) -> torch.Size:
         return self.acc.shape
+
+    def taken(self) -> None:
+        """A reader was launched on this row (it re-arms the row on the device)."""
+        if self.slot is not None:
+            self.slot.armed = False
 
     def materialize(self) -> torch.Tensor:
         """The row as the GEMV would have returned it (the consumers' conversion, in
@@ -73,6 +102,7 @@ class DeferredSum:
             v = v + self.bias.to(torch.float32)
         out = v.to(self.dtype)
         self.acc.zero_()
+        self.taken()
         return out
 
 
@@ -86,3 +116,10 @@ def fixed_point(partials: torch.Tensor) -> torch.Tensor:
     (the kernel's arithmetic: each partial x 2^30, truncated toward zero): for tests and
     the twin ops that stand in for the GPU kernel."""
     return (partials.to(torch.float32) * SCALE).to(torch.int64).sum(0)
+
+
+def one_row(x: torch.Tensor, slot: "DeferredSlot | None") -> dict:
+    """The `deferred=` keyword a quantized method passes its op: only for one row with a
+    slot (the only call a sum can be deferred in), so an op bundle whose linear takes no
+    `deferred` serves every other call."""
+    return {"deferred": slot} if slot is not None and x.shape[0] == 1 else {}

@@ -134,7 +134,9 @@ def fused_add_rms_norm(x: "torch.Tensor | DeferredSum", residual: torch.Tensor,
     if isinstance(x, DeferredSum):
         if (weight.dtype == x.dtype == residual.dtype and residual.dim() == 2
                 and tuple(residual.shape) == tuple(x.shape) and residual.stride(-1) == 1):
-            return _launch(None, residual, weight, eps, True, x)
+            out = _launch(None, residual, weight, eps, True, x)
+            x.taken()
+            return out
         x = x.materialize()
     if weight.dtype != x.dtype or residual.dtype != x.dtype or residual.shape != x.shape:
         from pagefleet.server.ops import layernorm

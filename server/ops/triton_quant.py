@@ -1042,7 +1042,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
             XS_TILES=plan.xs_tiles, ACT=act, **common, **rows,
             **(dict(BLOCKED=True) if blocked else {}))
     if acc is not None:
-        return DeferredSum(acc, bias, x.dtype)
+        return deferred.hand_out(bias, x.dtype)
     return o.result(splits, bias, x.dtype)
 
 
@@ -1391,7 +1391,7 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
             KCHUNK=min(int(cfg["gemv_kchunk"]), bk), SPLITS_PAD=o.splits_pad, FUSED=o.fused,
             num_warps=cfg["gemv_warps"], num_stages=cfg["gemv_stages"], **launch_opts())
         if acc is not None:
-            return DeferredSum(acc, bias, dtype)
+            return deferred.hand_out(bias, dtype)
     else:
         bm = cfg["w8a8_block_m"] if w8a8 else _block_m(m, cfg)
         bm = min(bm, max(16, triton.next_power_of_2(m)))

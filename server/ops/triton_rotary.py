@@ -250,4 +250,5 @@ def rotary_and_store_deferred(positions: torch.Tensor, qkv: DeferredSum, heads: 
         BLOCK_HK=triton.next_power_of_2(kv_heads), QUANT=k_cache.dtype != qkv.dtype,
         HAS_BIAS=qkv.bias is not None, BLOCK_ROW=triton.next_power_of_2(qkv.shape[1]),
         num_warps=8, **launch_opts("rotary"))
+    qkv.taken()
     return qo

@@ -55,6 +55,25 @@ def test_slot_keeps_its_row_and_makes_a_new_one_for_another_width():
     assert slot.buffer(8, torch.device("cpu")).shape == (1, 8)
 
 
+def test_a_sum_never_read_is_cleared_before_the_row_is_reused(caplog):
+    """An error between a GEMV and its reader (eager) leaves the row holding a sum: the
+    next call must not add onto it."""
+    slot = DeferredSlot()
+    acc = slot.buffer(4, torch.device("cpu"))
+    acc += 7
+    d = slot.hand_out(None, torch.float32)
+    assert slot.armed and d.slot is slot
+    with caplog.at_level("WARNING", logger="pagefleet.engine"):
+        again = slot.buffer(4, torch.device("cpu"))
+    assert again is acc and not acc.any() and not slot.armed
+    assert "never read" in caplog.text
+    acc += 3
+    slot.hand_out(None, torch.float32).materialize()   # read: nothing to clear, no warning
+    caplog.clear()
+    slot.buffer(4, torch.device("cpu"))
+    assert not slot.armed and "never read" not in caplog.text
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_norm_reads_a_deferred_row_as_the_tensor_it_stands_for(bias):
     from pagefleet.server.ops import triton_layernorm
@@ -99,6 +118,7 @@ def _deferring_ops(base):
     one-row GEMV does: the twin's product in 3 K splits, each added in fixed point to
     the layer's accumulator (which the readers must find zero)."""
     from pagefleet.server.ops import quant
+    from pagefleet.server.ops.deferred import fixed_point
 
     def w4a16_linear(x, qweight, scales, zeros, group_size, bias=None, deferred=None):
         if deferred is None or x.shape[0] != 1:
@@ -108,8 +128,8 @@ def _deferring_ops(base):
         parts = torch.stack([x[:, i].float() @ w[i] for i in ks])
         acc = deferred.buffer(w.shape[1], x.device)
         assert not acc.any(), "a reader left the accumulator armed"
-        acc += deferred.fixed_point(parts)
-        return DeferredSum(acc, bias, x.dtype)
+        acc += fixed_point(parts)
+        return deferred.hand_out(bias, x.dtype)
 
     def w4a16_silu_linear(x, qweight, scales, zeros, group_size, bias=None, deferred=None):
         return w4a16_linear(base.silu_and_mul(x), qweight, scales, zeros, group_size, bias,
@@ -162,7 +182,8 @@ def test_a_model_whose_one_row_gemvs_defer_gives_the_torch_tokens(tmp_path, arch
                  if getattr(m, "deferred", None) is not None]
         assert len(slots) == (3 if arch == "qwen2" else 2) * 2
         if name != "torch":
-            assert all(s.acc is not None and not s.acc.any() for s in slots), name
+            assert all(s.acc is not None and not s.acc.any() and not s.armed
+                       for s in slots), name
     for name in ("deferred-torch", "deferred-triton", "deferred-pieces"):
         assert outs[name] == outs["torch"], name
 

@@ -22,6 +22,7 @@ import torch
 from pagefleet.server.models.linear import (LinearBase, LinearMethod, ShardSpec, make_param,
                                             narrowed)
 from pagefleet.server.models.quantization.base import QuantConfig, bad_config
+from pagefleet.server.ops.deferred import one_row as _one_row
 from pagefleet.server.ops.quant import FP8, quantize_fp8_rows
 
 SCALE_KINDS = ("tensor", "channel", "block")
@@ -122,15 +123,14 @@ class Fp8LinearMethod(LinearMethod):
     defers = True   # a one-row call may leave its sum to the reader (ops/deferred.py)
 
     def apply(self, layer, x, bias, deferred=None):
-        # `deferred` only when asked: an op bundle's fp8_linear need not take it
         return layer.ops.fp8_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
                                     layer.input_scale, bias,
-                                    **({} if deferred is None else {"deferred": deferred}))
+                                    **_one_row(x, deferred))
 
     def apply_silu_mul(self, layer, x, bias, deferred=None):
         return layer.ops.fp8_silu_linear(x, layer.weight, layer.weight_scale, layer.fp8_block,
                                          layer.input_scale, bias,
-                                         **({} if deferred is None else {"deferred": deferred}))
+                                         **_one_row(x, deferred))
 
 
 class Fp8OnlineMethod(Fp8LinearMethod):

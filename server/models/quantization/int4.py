@@ -14,6 +14,7 @@ import torch
 from pagefleet.server.models.linear import (LinearBase, LinearMethod, ShardSpec, WeightLoadError,
                                             check_integer, make_param, narrowed)
 from pagefleet.server.models.quantization.base import bad_config
+from pagefleet.server.ops.deferred import one_row as _one_row
 
 
 def set_kernel_layout(layer: LinearBase, qweight: torch.Tensor, scales: torch.Tensor,
@@ -96,14 +97,13 @@ class Int4Method(LinearMethod):
     def apply(self, layer, x, bias, deferred=None):
         if layer.perm is not None:
             x = x.index_select(-1, layer.perm)
-        # `deferred` only when asked: an op bundle's w4a16_linear need not take it
         return layer.ops.w4a16_linear(x, layer.qweight, layer.scales, layer.zeros,
                                       layer.group_size, bias,
-                                      **({} if deferred is None else {"deferred": deferred}))
+                                      **_one_row(x, deferred))
 
     def apply_silu_mul(self, layer, x, bias, deferred=None):
         if layer.perm is not None:   # act-order: the input's columns gathered after the SiLU
             return self.apply(layer, layer.ops.silu_and_mul(x), bias, deferred)
         return layer.ops.w4a16_silu_linear(x, layer.qweight, layer.scales, layer.zeros,
                                            layer.group_size, bias,
-                                           **({} if deferred is None else {"deferred": deferred}))
+                                           **_one_row(x, deferred))
