@@ -21,7 +21,10 @@ from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 # loads; before it, it hides under the kernel before's tail. H200, 2026-12-05
 # (twenty-second session, engine_gemv_ab.py, one machine): the AWQ B=1 decode forward
 # 1.556 against 1.563 ms, the same bits; the norms' own time 100 -> 68 us a step.
-NORM_CONFIG = {"weight_early": True}
+NORM_CONFIG = {"weight_early": True,
+               # warps of the norm reading a deferred row (ops/deferred.py): 8 as the plain
+               # norm's; its int64 row is twice a float32 one (an A/B key, unmeasured)
+               "deferred_warps": 8}
 # What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
 # the norm's weight, which no kernel of the forward writes.
 EARLY_READS = {"_rms_norm_kernel": ("w_ptr",)}
@@ -115,7 +118,8 @@ def _launch(x, residual, weight, eps, add, deferred: DeferredSum | None = None):
             float(eps), n_inner, s0, s1, r0, r1,
             N=n, BLOCK=block, ADD=add, EARLY=bool(NORM_CONFIG["weight_early"]),
             DEFERRED=deferred is not None, HAS_BIAS=has_bias,
-            num_warps=min(max(block // 512, 1), 8),
+            num_warps=(int(NORM_CONFIG["deferred_warps"]) if deferred is not None
+                       else min(max(block // 512, 1), 8)),
             **launch_opts("rmsnorm"))
     return out, res_out
 

@@ -18,7 +18,10 @@ from pagefleet.server.ops.triton_layernorm import deferred_row, rearm
 
 # "inputs_early": `_rotary_store_kernel` reads its position, cos/sin and slot before the
 # PDL wait (see there).
-ROTARY_CONFIG = {"inputs_early": True}
+ROTARY_CONFIG = {"inputs_early": True,
+                 # warps of the one program reading a deferred q/k/v row (36 KB of int64
+                 # at Qwen2.5-7B's shape; an A/B key, unmeasured beyond 8)
+                 "deferred_warps": 8}
 # What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
 # step inputs and the constant cos/sin table, which no kernel of the forward writes.
 EARLY_READS = {"_rotary_store_kernel": ("pos_ptr", "cs_ptr", "slot_ptr"),
@@ -249,6 +252,6 @@ def rotary_and_store_deferred(positions: torch.Tensor, qkv: DeferredSum, heads: 
         HALF=head_dim // 2, BLOCK_HQ=triton.next_power_of_2(heads),
         BLOCK_HK=triton.next_power_of_2(kv_heads), QUANT=k_cache.dtype != qkv.dtype,
         HAS_BIAS=qkv.bias is not None, BLOCK_ROW=triton.next_power_of_2(qkv.shape[1]),
-        num_warps=8, **launch_opts("rotary"))
+        num_warps=int(ROTARY_CONFIG["deferred_warps"]), **launch_opts("rotary"))
     qkv.taken()
     return qo
