@@ -964,6 +964,15 @@ def mma_plan(m: int, n: int, k: int, sms: int, cfg: dict, tma: bool = True,
                    blocked=bool(over.get("blocked")) and k % 128 == 0)
 
 
+def defers(m: int, plan: MmaPlan, cfg: dict) -> bool:
+    """Whether a Gluon GEMV launch on `plan` leaves its split sum to the reader
+    (ops/deferred.py): one row, K split, the split grid (the ring kernel and the stream-K
+    form sum their own), cfg['deferred_sum'] on. At Qwen2.5-7B's shapes: q/k/v, o and
+    down; gate_up is not split."""
+    return (bool(cfg["deferred_sum"]) and m == 1 and plan.splits > 1 and not plan.stream
+            and not plan.ring)
+
+
 def _tma_plan(k: int, t: dict, cfg: dict) -> MmaPlan | None:
     """The TMA kernel's plan for one row of a K-deep layer: K in splits of t['split_tiles']
     tiles (0 or absent: unsplit), balanced; none where a split's row would not fit the
@@ -997,16 +1006,16 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     tiles = n // bn
     tma = gluon_w4_tma.aligned(qweight, scales, zeros)
     plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma)
-    o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
+    acc = (deferred.buffer(n, x.device) if deferred is not None and defers(m, plan, cfg)
+           else None)   # None inside a capture that first needs the row: the counters serve
+    if acc is not None:   # the partials go to the accumulator row; the reader adds the bias
+        o = _Outputs(acc.view(1, 1, n), acc, acc, 2, False)
+    else:
+        o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
     if plan.stream and not o.fused:   # no counters (first needed inside a capture)
         plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma, stream=False)
         o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
     splits, per = plan.splits, plan.per
-    acc = (deferred.buffer(n, x.device) if deferred is not None and m == 1 and splits > 1
-           and o.fused and not plan.stream and not plan.ring and cfg["deferred_sum"]
-           else None)
-    if acc is not None:   # the partials go to the accumulator row; the reader adds the bias
-        o = _Outputs(acc.view(1, 1, n), acc, acc, 2, False)
     assert not blocked or not plan.ring, "the ring kernel reads the checkpoint's layout"
     if plan.blocked and not blocked:
         qweight, scales, zeros = gluon_w4_tma.blocked_copy(qweight, scales, zeros, bn)

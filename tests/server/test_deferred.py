@@ -239,3 +239,17 @@ def test_rotary_reader_does_not_specialize_on_the_step_inputs_alignment():
                                                     tok[2][:1])
     assert len(seen["triton_rotary._rotary_store_deferred_kernel"]) == 1
 
+
+
+def test_which_one_row_gemvs_defer_at_qwen2_5_7b_shapes():
+    """The shipped plans on a 132-SM GPU: q/k/v, o and down (split K) defer at one row;
+    gate_up (not split), two rows, and the switch off do not."""
+    from pagefleet.server.ops import triton_quant as tq
+    cfg = tq.W4_CONFIG
+
+    def d(m, n, k, **over):
+        c = {**cfg, **over}
+        return tq.defers(m, tq.mma_plan(m, n, k, 132, c), c)
+    assert d(1, 4608, 3584) and d(1, 3584, 3584) and d(1, 3584, 18944)
+    assert not d(1, 37888, 3584)
+    assert not d(2, 3584, 3584) and not d(1, 3584, 3584, deferred_sum=False)
