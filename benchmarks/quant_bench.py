@@ -90,28 +90,27 @@ def phase_build(args) -> dict:
     return {"model_dir": str(MODEL_DIR), "build_s": time.time() - t0}
 
 
-def phase_quantize(args) -> dict:
+def _quantize(args, key: str, dst: Path, fmt: str, **kw) -> dict:
+    """The bf16 model written to `dst` as `fmt` (reused while the machine keeps it)."""
     from pagefleet.server.testing_quant import quantize_checkpoint
-    if (AWQ_DIR / "config.json").exists() and not args.requantize:
-        return {"awq_dir": str(AWQ_DIR), "reused": True}
+    if (dst / "config.json").exists() and not args.requantize:
+        return {key: str(dst), "reused": True}
     t0 = time.time()
-    quantize_checkpoint(MODEL_DIR, AWQ_DIR, "awq", group_size=128, device="cuda")
-    size = sum(f.stat().st_size for f in AWQ_DIR.glob("*.safetensors"))
-    return {"awq_dir": str(AWQ_DIR), "quantize_s": time.time() - t0, "bytes": size,
-            "config": json.loads((AWQ_DIR / "config.json").read_text())["quantization_config"]}
+    quantize_checkpoint(MODEL_DIR, dst, fmt, group_size=128, device="cuda", **kw)
+    size = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
+    return {key: str(dst), "quantize_s": time.time() - t0, "bytes": size,
+            "config": json.loads((dst / "config.json").read_text())["quantization_config"]}
+
+
+def phase_quantize(args) -> dict:
+    return _quantize(args, "awq_dir", AWQ_DIR, "awq")
 
 
 def phase_quantize_w4a16(args) -> dict:
     """The same bf16 model as llm-compressor's W4A16 (served by the int4 kernels with bf16
     activations and scales, where AWQ's are fp16)."""
-    from pagefleet.server.testing_quant import quantize_checkpoint
-    if (W4A16_DIR / "config.json").exists() and not args.requantize:
-        return {"w4a16_dir": str(W4A16_DIR), "reused": True}
-    t0 = time.time()
-    quantize_checkpoint(MODEL_DIR, W4A16_DIR, "compressed-tensors", scheme="w4a16",
-                        group_size=128, sym=True, device="cuda")
-    size = sum(f.stat().st_size for f in W4A16_DIR.glob("*.safetensors"))
-    return {"w4a16_dir": str(W4A16_DIR), "quantize_s": time.time() - t0, "bytes": size}
+    return _quantize(args, "w4a16_dir", W4A16_DIR, "compressed-tensors", scheme="w4a16",
+                     sym=True)
 
 
 # -- phase: kernels ----------------------------------------------------------------------------

@@ -97,23 +97,21 @@ class ResponseEvents:
         return out + self._open_item(kind, item)
 
     # -- what the parsers produce ----------------------------------------------------------
-    def reasoning(self, text: str) -> list[dict]:
+    def _delta(self, kind: str, event: str, text: str, **extra) -> list[dict]:
+        """`text` added to the open `kind` item (opened first if need be), as `event`."""
         if not text:
             return []
-        out = self._ensure("reasoning")
+        out = self._ensure(kind)
         self._open["text"] += text
-        return out + [self.event("response.reasoning_text.delta", item_id=self._open["id"],
+        return out + [self.event(event, item_id=self._open["id"],
                                  output_index=self._open["index"], content_index=0,
-                                 delta=text)]
+                                 delta=text, **extra)]
+
+    def reasoning(self, text: str) -> list[dict]:
+        return self._delta("reasoning", "response.reasoning_text.delta", text)
 
     def text(self, text: str) -> list[dict]:
-        if not text:
-            return []
-        out = self._ensure("message")
-        self._open["text"] += text
-        return out + [self.event("response.output_text.delta", item_id=self._open["id"],
-                                 output_index=self._open["index"], content_index=0,
-                                 delta=text, logprobs=[])]
+        return self._delta("message", "response.output_text.delta", text, logprobs=[])
 
     def call(self, delta) -> list[dict]:
         """A piece of tool call `delta.index` (`ToolCallDelta`: its first piece names it)."""

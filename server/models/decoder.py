@@ -28,7 +28,7 @@ from pagefleet.server.models.linear import (LinearBase, MergedColumnParallelLine
                                             WeightLoadError)
 from pagefleet.server.ops import activation, attention, layernorm, quant, rotary
 from pagefleet.server.ops import logits as logits_op
-from pagefleet.server.ops.deferred import DeferredSlot, DeferredSum, value
+from pagefleet.server.ops.deferred import DeferredSlot, DeferredSum, one_row, qkv_heads, value
 
 
 @dataclass
@@ -53,11 +53,6 @@ class AttentionMetadata:
     v_scale: float = 1.0
 
 
-def _deferred_kw(slot: DeferredSlot | None) -> dict:
-    """`deferred=` only when there is one: a subclass's linear need not take it."""
-    return {} if slot is None else {"deferred": slot}
-
-
 class Ops:
     """The op implementations a model calls: torch twins by default, Triton on CUDA."""
 
@@ -79,7 +74,7 @@ class Ops:
         """The fp8 down projection of silu(gate) * up: the two ops in a row here (whichever
         a subclass picked); TritonOps does the SiLU in the decode GEMV's activation load."""
         return cls.fp8_linear(cls.silu_and_mul(x), weight, weight_scale, block, input_scale,
-                              bias, **_deferred_kw(deferred))
+                              bias, **one_row(x, deferred))
 
     @classmethod
     def w4a16_silu_linear(cls, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -89,7 +84,7 @@ class Ops:
         """The 4-bit down projection of silu(gate) * up: the two ops in a row here;
         TritonOps computes the SiLU as the one-row GEMV stages its input."""
         return cls.w4a16_linear(cls.silu_and_mul(x), qweight, scales, zeros, group_size, bias,
-                                **_deferred_kw(deferred))
+                                **one_row(x, deferred))
 
     @staticmethod
     def fused_add_rms_norm(x: "torch.Tensor | DeferredSum", residual: torch.Tensor,
@@ -106,12 +101,9 @@ class Ops:
                                   k_scale: float, v_scale: float) -> torch.Tensor:
         """`rotary_and_store` of a deferred q/k/v row: made a tensor and split here;
         TritonOps' kernel reads the row as it is."""
-        q, k, v = value(qkv).split([heads * head_dim, kv_heads * head_dim,
-                                    kv_heads * head_dim], dim=-1)
-        return cls.rotary_and_store(positions, q.reshape(1, heads, head_dim),
-                                    k.reshape(1, kv_heads, head_dim),
-                                    v.reshape(1, kv_heads, head_dim), cos_sin, k_cache,
-                                    v_cache, slot_mapping, k_scale, v_scale)
+        q, k, v = qkv_heads(qkv, heads, kv_heads, head_dim)
+        return cls.rotary_and_store(positions, q, k, v, cos_sin, k_cache, v_cache,
+                                    slot_mapping, k_scale, v_scale)
 
     @classmethod
     def rotary_and_store(cls, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

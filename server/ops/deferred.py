@@ -54,16 +54,17 @@ class DeferredSlot:
         self.armed = False
 
     def buffer(self, n: int, device: torch.device) -> torch.Tensor | None:
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        def capturing() -> bool:
+            return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         acc = self.acc
         if acc is not None and acc.shape[1] == n and acc.device == device:
-            if self.armed and not capturing:
+            if self.armed and not capturing():
                 log.warning("a deferred GEMV sum was never read (an error between the GEMV "
                             "and its reader?): its accumulator is zeroed before reuse")
                 acc.zero_()
                 self.armed = False
             return acc
-        if capturing:
+        if capturing():
             return None
         self.acc = torch.zeros(1, n, dtype=torch.int64, device=device)
         self.armed = False
@@ -116,6 +117,16 @@ def fixed_point(partials: torch.Tensor) -> torch.Tensor:
     (the kernel's arithmetic: each partial x 2^30, truncated toward zero): for tests and
     the twin ops that stand in for the GPU kernel."""
     return (partials.to(torch.float32) * SCALE).to(torch.int64).sum(0)
+
+
+def qkv_heads(qkv: DeferredSum, heads: int, kv_heads: int, head_dim: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A deferred q/k/v row made a tensor: q `[1, heads, head_dim]`, k and v `[1, kv_heads,
+    head_dim]` (for a reader that takes tensors)."""
+    q, k, v = qkv.materialize().split([heads * head_dim, kv_heads * head_dim,
+                                       kv_heads * head_dim], dim=-1)
+    return (q.reshape(1, heads, head_dim), k.reshape(1, kv_heads, head_dim),
+            v.reshape(1, kv_heads, head_dim))
 
 
 def one_row(x: torch.Tensor, slot: "DeferredSlot | None") -> dict:

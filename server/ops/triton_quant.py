@@ -398,6 +398,12 @@ def _outputs(splits: int, m: int, n: int, tiles: int, x: torch.Tensor, dtype: to
     return _Outputs(part, res, cnt, True, bias is not None, triton.next_power_of_2(splits))
 
 
+def _deferred_outputs(acc: torch.Tensor) -> _Outputs:
+    """A deferred one-row launch's outputs (ops/deferred.py): every split adds into the
+    layer's int64 row `acc` (FUSED 2); the reader adds the bias."""
+    return _Outputs(acc.view(1, 1, acc.shape[1]), acc, acc, 2, False)
+
+
 def _finish(out: torch.Tensor, splits: int, bias, dtype) -> torch.Tensor:
     """The K splits summed with the bias added and rounded once, in one kernel (the
     two-kernel form of `_store_split`'s FUSED sum)."""
@@ -1008,10 +1014,8 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma)
     acc = (deferred.buffer(n, x.device) if deferred is not None and defers(m, plan, cfg)
            else None)   # None inside a capture that first needs the row: the counters serve
-    if acc is not None:   # the partials go to the accumulator row; the reader adds the bias
-        o = _Outputs(acc.view(1, 1, n), acc, acc, 2, False)
-    else:
-        o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
+    o = (_deferred_outputs(acc) if acc is not None
+         else _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg))
     if plan.stream and not o.fused:   # no counters (first needed inside a capture)
         plan = mma_plan(m, n, k, sm_count(x.device), cfg, tma, stream=False)
         o = _outputs(plan.splits, m, n, tiles, x, x.dtype, bias, cfg)
@@ -1387,11 +1391,10 @@ def _fp8_launch(x, weight, weight_scale, block, a_scale, w8a8: bool, gemv: bool,
     if gemv:
         tiles = triton.cdiv(n, bn) * m
         splits, per = _splits(tiles, k, bk, x.device, cfg, gemv=True)
-        o = _outputs(splits, m, n, tiles, x, dtype, bias, cfg)
         acc = (deferred.buffer(n, x.device) if deferred is not None and m == 1 and splits > 1
-               and o.fused and cfg["deferred_sum"] else None)
-        if acc is not None:   # the partials go to the accumulator row; the reader adds the bias
-            o = _Outputs(acc.view(1, 1, n), acc, acc, 2, False)
+               and cfg["deferred_sum"] else None)
+        o = (_deferred_outputs(acc) if acc is not None
+             else _outputs(splits, m, n, tiles, x, dtype, bias, cfg))
         _fp8_gemv_kernel[(triton.cdiv(n, bn), splits, m)](
             x, weight, ws, bp, o.part, o.res, o.cnt, n, k, x.stride(0), ws.stride(0),
             o.part.stride(0), o.part.stride(1), per, splits, bn_s, bk_s, ROW_SCALE=row,

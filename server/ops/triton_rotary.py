@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagefleet.server.ops.deferred import DeferredSum
+from pagefleet.server.ops.deferred import DeferredSum, qkv_heads
 from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 from pagefleet.server.ops.triton_layernorm import deferred_row, rearm
 
@@ -238,12 +238,9 @@ def rotary_and_store_deferred(positions: torch.Tensor, qkv: DeferredSum, heads: 
     finishes the sum as it reads it (`ops/deferred.py`); the same bits as the row made a
     tensor, then `rotary_and_store`."""
     if _unsupported(head_dim, cos_sin) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        q, k, v = qkv.materialize().split([heads * head_dim, kv_heads * head_dim,
-                                           kv_heads * head_dim], dim=-1)
-        return rotary_and_store(positions, q.reshape(1, heads, head_dim),
-                                k.reshape(1, kv_heads, head_dim),
-                                v.reshape(1, kv_heads, head_dim), cos_sin, k_cache, v_cache,
-                                slot_mapping, k_scale, v_scale)
+        q, k, v = qkv_heads(qkv, heads, kv_heads, head_dim)
+        return rotary_and_store(positions, q, k, v, cos_sin, k_cache, v_cache, slot_mapping,
+                                k_scale, v_scale)
     qo = torch.empty(1, heads, head_dim, dtype=qkv.dtype, device=qkv.acc.device)
     cs = cos_sin if cos_sin.is_contiguous() else cos_sin.contiguous()
     _rotary_store_deferred_kernel[(1,)](

@@ -6,6 +6,7 @@ operator upgrade does not roll running fleets (finding 13)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -55,59 +56,67 @@ async def peers(cluster: Cluster) -> dict[str, Any]:
     return ((await cluster.kube.get(PEERING)) or {}).get("status") or {}
 
 
+@contextlib.asynccontextmanager
+async def two_replicas(cluster: Cluster, tmp_path: Path, first: str,
+                       second: str) -> AsyncIterator[tuple[Any, Any]]:
+    """Two operator runs with the chart's defaults (peering on, no --priority), each a
+    user of its own: `first` in the peering before `second` starts."""
+    flags = ("--peering-lifetime", str(LIFETIME_S))
+    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", first)
+    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", second)
+    async with operator_run(cluster, tmp_path / "a.log", *flags,
+                            env={"POD_NAME": first, "KUBECONFIG": str(a_cfg)}) as a:
+        await cluster.wait_for(lambda: _has_peer(cluster, f"{first}/"), f"{first} in the peering")
+        async with operator_run(cluster, tmp_path / "b.log", *flags,
+                                env={"POD_NAME": second, "KUBECONFIG": str(b_cfg)}) as b:
+            yield a, b
+
+
 async def test_exactly_one_of_two_acts_and_the_other_takes_over(cluster: Cluster, tmp_path: Path) -> None:
     register_peering(cluster)
     ns = "ha"
     doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
     doc["spec"]["autoscaling"] = {"intervalSeconds": 1}   # the daemon acts every second
-    flags = ("--peering-lifetime", str(LIFETIME_S))
-    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", "op-a")
-    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", "op-b")
-    async with operator_run(cluster, tmp_path / "a.log", *flags,
-                            env={"POD_NAME": "op-a", "KUBECONFIG": str(a_cfg)}) as a:
-        await cluster.wait_for(lambda: _has_peer(cluster, "op-a/"), "op-a in the peering")
-        async with operator_run(cluster, tmp_path / "b.log", *flags,
-                                env={"POD_NAME": "op-b", "KUBECONFIG": str(b_cfg)}) as b:
-            status = await cluster.wait_for(lambda: _both(cluster), "both replicas in the peering")
-            prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
-            assert prio["op-a"] > prio["op-b"], "distinct priorities, the first registered highest"
-            # Peering is mandatory once the peering object exists: op-b starts paused and
-            # stays so, since it sees op-a's higher priority (kopf logs only the resume).
-            assert "Resuming operations" in a.log()
+    async with two_replicas(cluster, tmp_path, "op-a", "op-b") as (a, b):
+        status = await cluster.wait_for(lambda: _named(cluster, "op-a", "op-b"),
+                                        "both replicas in the peering")
+        prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
+        assert prio["op-a"] > prio["op-b"], "distinct priorities, the first registered highest"
+        # Peering is mandatory once the peering object exists: op-b starts paused and
+        # stays so, since it sees op-a's higher priority (kopf logs only the resume).
+        assert "Resuming operations" in a.log()
 
-            await cluster.apply(doc, ns)
-            await cluster.wait_object("Deployment", ns, "qwen-short")
-            async def created_events() -> list[dict[str, Any]]:
-                return [e for e in await cluster.events(ns, "qwen-short") if e["reason"] == "Created"]
-            created = await cluster.wait_for(created_events, "the Created Event")
-            assert [e["reportingInstance"].split("/")[0] for e in created] == ["op-a"]
-            # op-a's daemon keeps acting: it carries each change of its Deployment into the
-            # status. (Its rounds write nothing when nothing changed, by design, so a bare
-            # count of writes depended on when the first round ran.)
-            for ready in (1, 2):
-                await cluster.patch("Deployment", ns, "qwen-short", {"status": {
-                    "replicas": 2, "updatedReplicas": 2, "readyReplicas": ready,
-                    "availableReplicas": ready}}, sub="status")
-                await cluster.wait_object(
-                    crd.KIND, ns, "qwen-short",
-                    lambda o, ready=ready: (o.get("status") or {}).get("readyReplicas") == ready,
-                    f"op-a's daemon to report {ready} ready replica(s)")
-            assert writes_by(cluster, "op-a"), "op-a acts"
-            assert writes_by(cluster, "op-b") == [], "op-b must not act while op-a is alive"
-            assert "Resuming operations" not in b.log()
+        await cluster.apply(doc, ns)
+        await cluster.wait_object("Deployment", ns, "qwen-short")
+        async def created_events() -> list[dict[str, Any]]:
+            return [e for e in await cluster.events(ns, "qwen-short") if e["reason"] == "Created"]
+        created = await cluster.wait_for(created_events, "the Created Event")
+        assert [e["reportingInstance"].split("/")[0] for e in created] == ["op-a"]
+        # op-a's daemon keeps acting: it carries each change of its Deployment into the
+        # status. (Its rounds write nothing when nothing changed, by design, so a bare
+        # count of writes depended on when the first round ran.)
+        for ready in (1, 2):
+            await cluster.patch("Deployment", ns, "qwen-short", {"status": {
+                "replicas": 2, "updatedReplicas": 2, "readyReplicas": ready,
+                "availableReplicas": ready}}, sub="status")
+            await cluster.wait_object(
+                crd.KIND, ns, "qwen-short",
+                lambda o, ready=ready: (o.get("status") or {}).get("readyReplicas") == ready,
+                f"op-a's daemon to report {ready} ready replica(s)")
+        assert writes_by(cluster, "op-a"), "op-a acts"
+        assert writes_by(cluster, "op-b") == [], "op-b must not act while op-a is alive"
+        assert "Resuming operations" not in b.log()
 
-            a.kill()   # no clean exit: its peering record stays until it expires
-            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
+        a.kill()   # no clean exit: its peering record stays until it expires
+        await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
 
-            def takes_over(d: dict[str, Any]) -> bool:
-                return "2048" in d["spec"]["template"]["spec"]["containers"][0]["args"]
-            # The bound: op-a's record lives LIFETIME_S after its last keep-alive (every
-            # second with this lifetime); op-b then resumes and handles the change.
-            await asyncio.wait_for(cluster.wait_object("Deployment", ns, "qwen-short", takes_over,
-                                                       "op-b to apply the change", timeout=LIFETIME_S + 25),
-                                   LIFETIME_S + 30)
-            assert "Resuming operations" in b.log()
-            assert writes_by(cluster, "op-b")
+        # The bound: op-a's record lives LIFETIME_S after its last keep-alive (every
+        # second with this lifetime); op-b then resumes and handles the change.
+        await asyncio.wait_for(cluster.wait_object("Deployment", ns, "qwen-short", _args_with("2048"),
+                                                   "op-b to apply the change", timeout=LIFETIME_S + 25),
+                               LIFETIME_S + 30)
+        assert "Resuming operations" in b.log()
+        assert writes_by(cluster, "op-b")
 
 
 async def test_a_deleted_peering_object_is_recreated(cluster: Cluster, tmp_path: Path) -> None:
@@ -120,37 +129,30 @@ async def test_a_deleted_peering_object_is_recreated(cluster: Cluster, tmp_path:
     register_peering(cluster)
     ns = "heal"
     doc = next(d for d in load_example("short-qa.yaml") if d["kind"] == crd.KIND)
-    flags = ("--peering-lifetime", str(LIFETIME_S))
-    a_cfg = kubeconfig(cluster, tmp_path / "a.kubeconfig", "heal-a")
-    b_cfg = kubeconfig(cluster, tmp_path / "b.kubeconfig", "heal-b")
-    async with operator_run(cluster, tmp_path / "a.log", *flags,
-                            env={"POD_NAME": "heal-a", "KUBECONFIG": str(a_cfg)}) as a:
-        await cluster.wait_for(lambda: _has_peer(cluster, "heal-a/"), "heal-a in the peering")
-        async with operator_run(cluster, tmp_path / "b.log", *flags,
-                                env={"POD_NAME": "heal-b", "KUBECONFIG": str(b_cfg)}) as b:
-            await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"), "both replicas in the peering")
-            await cluster.apply(doc, ns)
-            await cluster.wait_object("Deployment", ns, "qwen-short")
+    async with two_replicas(cluster, tmp_path, "heal-a", "heal-b") as (a, b):
+        await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"), "both replicas in the peering")
+        await cluster.apply(doc, ns)
+        await cluster.wait_object("Deployment", ns, "qwen-short")
 
-            assert await cluster.kube.delete(PEERING)
-            status = await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"),
-                                            "the peering object back, with both replicas in it")
-            prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
-            assert prio["heal-a"] > prio["heal-b"], "the priorities survive the recreation"
-            assert "Recreated the ClusterKopfPeering 'pagefleet'" in a.log() + b.log()
+        assert await cluster.kube.delete(PEERING)
+        status = await cluster.wait_for(lambda: _named(cluster, "heal-a", "heal-b"),
+                                        "the peering object back, with both replicas in it")
+        prio = {k.split("/")[0]: v["priority"] for k, v in status.items()}
+        assert prio["heal-a"] > prio["heal-b"], "the priorities survive the recreation"
+        assert "Recreated the ClusterKopfPeering 'pagefleet'" in a.log() + b.log()
 
-            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
-            await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("2048"), "the change applied")
-            assert any(w.endswith("/deployments/qwen-short") for w in writes_by(cluster, "heal-a")), "heal-a acts"
-            assert writes_by(cluster, "heal-b") == [], "heal-b must not act while heal-a is alive"
-            assert "Resuming operations" not in b.log(), "heal-b never resumed next to heal-a"
+        await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 2048}}})
+        await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("2048"), "the change applied")
+        assert any(w.endswith("/deployments/qwen-short") for w in writes_by(cluster, "heal-a")), "heal-a acts"
+        assert writes_by(cluster, "heal-b") == [], "heal-b must not act while heal-a is alive"
+        assert "Resuming operations" not in b.log(), "heal-b never resumed next to heal-a"
 
-            # Failover works again: the standby takes over from the killed leader.
-            a.kill()
-            await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 1024}}})
-            await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("1024"),
-                                      "heal-b to take over and apply the change")
-            assert writes_by(cluster, "heal-b")
+        # Failover works again: the standby takes over from the killed leader.
+        a.kill()
+        await cluster.patch(crd.KIND, ns, "qwen-short", {"spec": {"engine": {"maxModelLen": 1024}}})
+        await cluster.wait_object("Deployment", ns, "qwen-short", _args_with("1024"),
+                                  "heal-b to take over and apply the change")
+        assert writes_by(cluster, "heal-b")
 
 
 def _args_with(value: str) -> Any:
@@ -167,12 +169,6 @@ async def _named(cluster: Cluster, *names: str) -> dict[str, Any] | None:
 
 async def _has_peer(cluster: Cluster, prefix: str) -> bool:
     return any(k.startswith(prefix) for k in await peers(cluster))
-
-
-async def _both(cluster: Cluster) -> dict[str, Any] | None:
-    status = await peers(cluster)
-    names = {k.split("/")[0] for k in status}
-    return status if {"op-a", "op-b"} <= names else None
 
 
 def sync(fn: Any) -> Any:
