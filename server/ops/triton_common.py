@@ -121,29 +121,42 @@ def _driver_version() -> int:
 # 1.616 ms with none (the attention's own time 100 against 135 us a step); eager
 # everywhere (PAGEFLEET_PDL=eager) 1.68 against 1.65, the norm before gate_up 1.667:
 # a GEMV's weight stream launched early competes with the one before it.
+# A role ":1" (e.g. "rmsnorm:1") is released early only by its launches over one row: the
+# B=1 decode step's. Since one-row GEMV sums are deferred to their readers (ops/deferred.py)
+# and the deferred norm runs 16 warps, the norms and the Gluon GEMVs at one row released
+# early too: H100, AWQ Qwen2.5-7B decode forward at B=1 (engine_gemv_ab.py, twenty-eighth
+# session, 2026-12-05, rounds 1.669-1.675 against 1.712-1.718 ms), 1.674 against 1.713
+# ms with the norms alone early and 1.714 with the GEMVs alone; gate_up 786 -> 675 us a
+# step (its weight stream starts under the norm before it). Same tokens, same output as
+# without (engine_gemv_ab's output_off_reference equal). Other batch sizes keep their
+# launches: the all-eager mode had B=8 slower (above), and they were not re-measured.
 # PAGEFLEET_PDL_EAGER: a comma list instead ("" for none).
 ROLES = ("rmsnorm", "rotary", "attention", "merge", "gemv", "silu")
 
 
 def _eager_ops(env: str) -> set[str]:
     ops = {o.strip() for o in env.split(",") if o.strip()}
-    bad = sorted(o for o in ops if o.split("@")[0] not in ROLES)
+    bad = sorted(o for o in ops if o.split("@")[0].removesuffix(":1") not in ROLES)
     if bad:
         raise ValueError(f"PAGEFLEET_PDL_EAGER={env!r}: unknown kernel roles {bad}; "
-                         f"expected a comma list of {', '.join(ROLES)}")
+                         f"expected a comma list of {', '.join(ROLES)} (each may end "
+                         f"in :1, for its one-row launches only)")
     return ops
 
 
-EAGER_OPS: set[str] = _eager_ops(os.environ.get("PAGEFLEET_PDL_EAGER", "rotary,attention,merge"))
+EAGER_OPS: set[str] = _eager_ops(os.environ.get("PAGEFLEET_PDL_EAGER",
+                                                "rotary,attention,merge,rmsnorm:1,gemv:1"))
 OP_TAG = ""
 
 
-def launch_opts(op: str = "") -> dict:
+def launch_opts(op: str = "", one_row: bool = False) -> dict:
     """Keyword arguments for a launch of a kernel that takes `PDL: tl.constexpr` and
-    starts with `pdl_wait(PDL)`; `op`: its role (see EAGER_OPS)."""
+    starts with `pdl_wait(PDL)`; `op`: its role (see EAGER_OPS); `one_row`: the launch
+    is over one row (a role ":1" in EAGER_OPS applies)."""
     mode = pdl()
     if mode == PDL_EARLY and EAGER_OPS and (
-            op in EAGER_OPS or (OP_TAG and f"{op}@{OP_TAG}" in EAGER_OPS)):
+            op in EAGER_OPS or (OP_TAG and f"{op}@{OP_TAG}" in EAGER_OPS)
+            or (one_row and f"{op}:1" in EAGER_OPS)):
         mode = PDL_EAGER
     return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": PDL_OFF}
 

@@ -22,9 +22,11 @@ from pagefleet.server.ops.triton_common import launch_opts, pdl_wait
 # (twenty-second session, engine_gemv_ab.py, one machine): the AWQ B=1 decode forward
 # 1.556 against 1.563 ms, the same bits; the norms' own time 100 -> 68 us a step.
 NORM_CONFIG = {"weight_early": True,
-               # warps of the norm reading a deferred row (ops/deferred.py): 8 as the plain
-               # norm's; its int64 row is twice a float32 one (an A/B key, unmeasured)
-               "deferred_warps": 8}
+               # warps of the norm reading a deferred row (ops/deferred.py), against 8 as
+               # the plain norm's: the AWQ B=1 decode forward (engine_gemv_ab.py,
+               # twenty-eighth session, 2026-12-05) H200 1.484 against 1.500 ms, H100
+               # 1.682 / 1.696 / 1.713 against 1.686 / 1.701 / 1.717 (three calls)
+               "deferred_warps": 16}
 # What a kernel reads before its PDL wait (tests/server/test_pdl.py holds it to this):
 # the norm's weight, which no kernel of the forward writes.
 EARLY_READS = {"_rms_norm_kernel": ("w_ptr",)}
@@ -120,7 +122,7 @@ def _launch(x, residual, weight, eps, add, deferred: DeferredSum | None = None):
             DEFERRED=deferred is not None, HAS_BIAS=has_bias,
             num_warps=(int(NORM_CONFIG["deferred_warps"]) if deferred is not None
                        else min(max(block // 512, 1), 8)),
-            **launch_opts("rmsnorm"))
+            **launch_opts("rmsnorm", one_row=rows == 1))
     return out, res_out
 
 

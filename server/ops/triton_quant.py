@@ -1032,7 +1032,7 @@ def _w4_gemv_mma(x, qweight, scales, zeros, group_size, bias, act: bool = False,
     common = dict(GROUP=group_size if group_size < k else 1 << 30,   # one group: one compile
                   HAS_ZERO=zeros is not None, HAS_BIAS=o.kernel_bias, BLOCK_N=bn,
                   WARPS=warps, F16=x.dtype == torch.float16, SPLITS_PAD=o.splits_pad,
-                  FUSED=o.fused, num_warps=warps, **launch_opts("gemv"))
+                  FUSED=o.fused, num_warps=warps, **launch_opts("gemv", one_row=m == 1))
     if plan.stages:
         ring = {"w_rows": 0, "s_rows": 0, **rows, "STAGES": plan.stages,
                 "XS_TILES": plan.xs_tiles, "ACT": act, "maxnreg": plan.maxnreg,

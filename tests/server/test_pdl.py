@@ -122,8 +122,18 @@ def test_eager_roles(monkeypatch):
     assert triton_common.launch_opts("rmsnorm")["PDL"] == triton_common.PDL_EARLY
     monkeypatch.setattr(triton_common, "OP_TAG", "in")
     assert triton_common.launch_opts("rmsnorm") == eager
+    monkeypatch.setattr(triton_common, "OP_TAG", "")
+    # a role ":1": its one-row launches only (the B=1 decode step's)
+    assert triton_common._eager_ops("gemv:1,rmsnorm@in") == {"gemv:1", "rmsnorm@in"}
+    with pytest.raises(ValueError, match="unknown kernel roles"):
+        triton_common._eager_ops("gemv:2")
+    monkeypatch.setattr(triton_common, "EAGER_OPS", {"gemv:1"})
+    assert triton_common.launch_opts("gemv", one_row=True) == eager
+    assert triton_common.launch_opts("gemv")["PDL"] == triton_common.PDL_EARLY
+    assert triton_common.launch_opts("rmsnorm", one_row=True)["PDL"] == triton_common.PDL_EARLY
     monkeypatch.setattr(triton_common, "_PDL", triton_common.PDL_WAIT)
     assert triton_common.launch_opts("merge")["PDL"] == triton_common.PDL_WAIT
+    assert triton_common.launch_opts("gemv", one_row=True)["PDL"] == triton_common.PDL_WAIT
     monkeypatch.setattr(triton_common, "_PDL", None)
 
 
