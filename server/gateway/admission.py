@@ -12,7 +12,8 @@ has no capacity at all.
 
 Rate limits are token buckets per API key (requests per second and a burst), with
 per-key overrides from the API keys file; requests without a key get one bucket per
-client address (an IPv4 address, or an IPv6 /64), taken from the TCP peer or, behind a
+client network (by default an IPv4 address, or an IPv6 /64: `ClientNetworks`), taken
+from the TCP peer or, behind a
 trusted proxy, from X-Forwarded-For by the right-most-untrusted rule (`TrustedProxies`).
 """
 
@@ -109,8 +110,19 @@ class RateLimiter:
 # -- client addresses ------------------------------------------------------------------------
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-IPV6_BUCKET_PREFIX = 64      # one bucket per IPv6 /64: a host is routinely given a whole /64
 MAX_FORWARDED_HOPS = 16      # X-Forwarded-For entries read, from the right
+
+
+@dataclass(frozen=True)
+class ClientNetworks:
+    """How wide a client is, for the rate limit of requests without an API key
+    (--rate-limit-ipv4-prefix / --rate-limit-ipv6-prefix): one bucket per IPv4 network
+    of `ipv4` bits (32: per address) and per IPv6 network of `ipv6` bits (64 by default:
+    a host is routinely given a whole /64, and one bucket per address would let it take
+    as many as it likes)."""
+
+    ipv4: int = 32
+    ipv6: int = 64
 
 
 def parse_ip(value: str) -> IPAddress | None:
@@ -142,13 +154,19 @@ def parse_ip(value: str) -> IPAddress | None:
     return ip
 
 
-def address_key(ip: IPAddress) -> str:
-    """The rate-limit bucket of an address: the IPv4 address, or the IPv6 /64 it is in
-    (short and canonical: no client-written text is kept)."""
+def address_key(ip: IPAddress, nets: ClientNetworks = ClientNetworks()) -> str:
+    """The rate-limit bucket of an address: the network of `nets`' width it is in, an
+    IPv4 address bare at /32 (short and canonical: no client-written text is kept)."""
     if isinstance(ip, ipaddress.IPv4Address):
-        return f"addr:{ip}"
-    shift = 128 - IPV6_BUCKET_PREFIX
-    return f"addr:{ipaddress.IPv6Network(((int(ip) >> shift) << shift, IPV6_BUCKET_PREFIX))}"
+        if nets.ipv4 == 32:
+            return f"addr:{ip}"
+        bits, prefix = 32, nets.ipv4
+        net = ipaddress.IPv4Network
+    else:
+        bits, prefix = 128, nets.ipv6
+        net = ipaddress.IPv6Network
+    shift = bits - prefix
+    return f"addr:{net(((int(ip) >> shift) << shift, prefix))}"
 
 
 class TrustedProxies:
@@ -202,10 +220,11 @@ class TrustedProxies:
         return ip     # every hop read is a trusted proxy: the left-most of them
 
 
-def client_key(proxies: TrustedProxies, peer: str | None, forwarded_for: Sequence[str]) -> str:
+def client_key(proxies: TrustedProxies, peer: str | None, forwarded_for: Sequence[str],
+               nets: ClientNetworks = ClientNetworks()) -> str:
     """The bucket of a request without a verified API key."""
     ip = proxies.client(peer, forwarded_for)
-    return address_key(ip) if ip is not None else f"addr:{(peer or '')[:64]}"
+    return address_key(ip, nets) if ip is not None else f"addr:{(peer or '')[:64]}"
 
 
 def retry_after_header(wait: float) -> str:

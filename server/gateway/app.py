@@ -40,6 +40,7 @@ from pagefleet.server.api.errors import DRAINING_HEADER, APIError, error_body
 from pagefleet.server.api.request_id import RequestIdMiddleware, clean_request_id, new_request_id
 from pagefleet.server.gateway.admission import (
     APIKeys,
+    ClientNetworks,
     KeyInfo,
     RateLimiter,
     TrustedProxies,
@@ -161,6 +162,7 @@ class Gateway:
             unhealthy_threshold=cfg.unhealthy_threshold), events=self.metrics)
         self.rate = RateLimiter(default_limit(cfg.rate_limit, cfg.rate_limit_burst))
         self.proxies = TrustedProxies(cfg.forwarded_allow_ips)    # ConfigError if bad
+        self.client_nets = ClientNetworks(cfg.rate_limit_ipv4_prefix, cfg.rate_limit_ipv6_prefix)
         self.tokenizers = Tokenizers()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gw-prompt")
         self.client: httpx.AsyncClient | None = None
@@ -248,12 +250,13 @@ class Gateway:
             # one bucket per client address, as nginx's limit_req on
             # $binary_remote_addr: one client cannot spend the others' share. The
             # address is the peer's, or behind a --forwarded-allow-ips proxy the
-            # right-most untrusted X-Forwarded-For entry, always a parsed IP (IPv6 by
-            # its /64): the client cannot write its own key (uvicorn's proxy headers
-            # are off, as its '*' takes the left-most, client-written entry).
+            # right-most untrusted X-Forwarded-For entry, always a parsed IP (by its
+            # network: IPv6 by its /64 unless --rate-limit-ipv6-prefix says otherwise):
+            # the client cannot write its own key (uvicorn's proxy headers are off, as
+            # its '*' takes the left-most, client-written entry).
             peer = request.client.host if request.client else None
             xff = request.headers.getlist("x-forwarded-for") if self.proxies.enabled else []
-            key_id = client_key(self.proxies, peer, xff)
+            key_id = client_key(self.proxies, peer, xff, self.client_nets)
             whose = "this client address (requests without a verified API key are " \
                 "limited per client address)"
         wait = self.rate.check(key_id, info.limit if info else None, time.monotonic())

@@ -61,6 +61,12 @@ class GatewayConfig:
                                    "off when unset. Keys may override in --api-keys-file.")
     rate_limit_burst: float | None = opt(None, "Token bucket size (default: the rate, at "
                                          "least 1).")
+    rate_limit_ipv4_prefix: int = opt(32, "Requests without an API key from IPv4 clients "
+                                      "share one bucket per network of this prefix length "
+                                      "(32: per address; 24 groups a /24).")
+    rate_limit_ipv6_prefix: int = opt(64, "The same for IPv6 clients (64: a host is "
+                                      "routinely given a whole /64; 56 or 48 group a site "
+                                      "or a home line; 128: per address).")
     forwarded_allow_ips: str | None = opt(
         None, "Comma-separated addresses or networks (CIDR) of the proxies in front whose "
         "X-Forwarded-For header names the client (the rate limit of requests without an "
@@ -120,6 +126,10 @@ class GatewayConfig:
         need(self.rate_limit is None or self.rate_limit > 0, "rate-limit", "must be > 0")
         need(self.rate_limit_burst is None or self.rate_limit_burst >= 1, "rate-limit-burst",
              "must be >= 1")
+        need(8 <= self.rate_limit_ipv4_prefix <= 32, "rate-limit-ipv4-prefix",
+             "must be in [8, 32]")
+        need(16 <= self.rate_limit_ipv6_prefix <= 128, "rate-limit-ipv6-prefix",
+             "must be in [16, 128]")
         need(self.health_interval > 0, "health-interval", "must be > 0")
         need(self.health_timeout > 0, "health-timeout", "must be > 0")
         need(self.unhealthy_threshold >= 1, "unhealthy-threshold", "must be >= 1")

@@ -93,6 +93,23 @@ def test_forwarded_for_from_a_trusted_proxy_names_the_client(models_file, tmp_pa
         gw.close()
 
 
+def test_a_wider_client_network_shares_one_bucket(models_file, tmp_path):
+    # --rate-limit-ipv4-prefix 24: every 127.0.0.x client is one client (a NAT pool, a
+    # site), so the second address finds the first one's burst spent; IPv6 clients by
+    # their /48 behind the trusted proxy.
+    gw = gateway(models_file, tmp_path, "--rate-limit-ipv4-prefix", "24",
+                 "--rate-limit-ipv6-prefix", "48", "--forwarded-allow-ips", "127.0.0.9")
+    try:
+        assert statuses(gw, 2, "127.0.0.2") == [404, 404]
+        assert post(gw, "127.0.0.3").status_code == 429
+        v6 = {"X-Forwarded-For": "2001:db8:1:2::1"}
+        assert statuses(gw, 2, "127.0.0.9", **v6) == [404, 404]
+        assert post(gw, "127.0.0.9", **{"X-Forwarded-For": "2001:db8:1:ff::1"}).status_code == 429
+        assert post(gw, "127.0.0.9", **{"X-Forwarded-For": "2001:db8:2::1"}).status_code == 404
+    finally:
+        gw.close()
+
+
 _n = itertools.count(1)
 
 

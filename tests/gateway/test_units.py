@@ -12,6 +12,7 @@ from pagefleet.server.api.errors import DRAINING_HEADER
 from pagefleet.server.config import ConfigError
 from pagefleet.server.engine.kv_cache import hash_block
 from pagefleet.server.gateway.admission import (
+    ClientNetworks,
     Queued,
     RateLimit,
     RateLimiter,
@@ -135,6 +136,35 @@ def test_client_key_is_a_parsed_address_ipv6_by_its_64():
     assert client_key(none, "fe80::1%eth0", []) == "addr:fe80::/64"
     # Without --forwarded-allow-ips the header is ignored.
     assert client_key(none, "127.0.0.1", ["10.0.0.1"]) == "addr:127.0.0.1"
+
+
+def test_client_networks_set_how_wide_a_keyless_client_is():
+    """--rate-limit-ipv4-prefix / --rate-limit-ipv6-prefix: one bucket per network of
+    that width (a home line's /56, a NAT pool's /24), or per address at full width."""
+    none = TrustedProxies(None)
+    wide = ClientNetworks(ipv4=24, ipv6=48)
+    assert client_key(none, "192.0.2.77", [], wide) == "addr:192.0.2.0/24"
+    assert client_key(none, "192.0.2.1", [], wide) == client_key(none, "192.0.2.254", [], wide)
+    assert client_key(none, "192.0.3.1", [], wide) == "addr:192.0.3.0/24"
+    assert client_key(none, "::ffff:192.0.2.9", [], wide) == "addr:192.0.2.0/24"   # v4-mapped
+    assert client_key(none, "2001:db8:1:2::1", [], wide) == "addr:2001:db8:1::/48"
+    assert client_key(none, "2001:db8:1:ff::1", [], wide) == "addr:2001:db8:1::/48"
+    assert client_key(none, "2001:db8:2::1", [], wide) == "addr:2001:db8:2::/48"
+    exact = ClientNetworks(ipv4=32, ipv6=128)
+    assert client_key(none, "2001:db8:1:2::1", [], exact) == "addr:2001:db8:1:2::1/128"
+    assert client_key(none, "2001:db8:1:2::1", [], exact) != \
+        client_key(none, "2001:db8:1:2::2", [], exact)
+    assert client_key(none, "192.0.2.77", [], exact) == "addr:192.0.2.77"
+
+
+@pytest.mark.parametrize("flag,value", [("--rate-limit-ipv4-prefix", "33"),
+                                        ("--rate-limit-ipv4-prefix", "7"),
+                                        ("--rate-limit-ipv6-prefix", "129"),
+                                        ("--rate-limit-ipv6-prefix", "8")])
+def test_client_network_widths_out_of_range_are_config_errors(flag, value):
+    from pagefleet.server.cli import build_gateway_config
+    with pytest.raises(ConfigError, match=flag):
+        build_gateway_config(["--models-file", "x", flag, value])
 
 
 def test_forwarded_for_is_read_from_the_right_past_trusted_proxies_only():
