@@ -251,6 +251,10 @@ class TokenizeRequest(_Base):
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None        # as on chat (--trust-request-chat-template)
+    # as on chat, so messages count here what chat would prompt with (RAG templates read
+    # `documents`; a template that does not read reasoning_effort makes it a 400)
+    documents: list[dict[str, Any]] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class DetokenizeRequest(_Base):

@@ -421,8 +421,14 @@ def test_reasoning_effort_reaches_a_template_that_reads_it(srv, tokenizer):
         req = ChatCompletionRequest.model_validate(body)
         assert serving.chat_prompt_text(req, tokenizer) == "x<effort:low>"
         assert post(srv, "/v1/chat/completions", body).status_code == 200
+        # /tokenize counts the prompt chat renders, the effort in it
+        tok_body = {"messages": body["messages"], "reasoning_effort": "low"}
+        assert post(srv, "/tokenize", tok_body).json()["tokens"] == \
+            tokenizer.encode("x<effort:low>", add_special_tokens=False)
     finally:
         serving.chat_template = saved
+    assert_error(post(srv, "/tokenize", {"messages": body["messages"],
+                                         "reasoning_effort": "low"}), 400, "reasoning_effort")
 
 
 def test_malformed_bodies_400(srv):

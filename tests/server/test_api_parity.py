@@ -606,6 +606,11 @@ def test_documents_reach_the_template(srv):
                documents=[{"title": "t", "text": "a long document"}])["prompt_token_ids"]
     text = httpx.post(srv.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
     assert text == "[t: a long document]hi"
+    # /tokenize counts what chat prompts with, documents included
+    r = httpx.post(srv.url + "/tokenize", json={
+        "messages": user("hi"), "chat_template": template,
+        "documents": [{"title": "t", "text": "a long document"}]}).json()
+    assert r["tokens"] == ids
 
 
 def test_history_tool_call_arguments_reach_the_template_as_an_object(srv):
