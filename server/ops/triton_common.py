@@ -125,11 +125,11 @@ def _driver_version() -> int:
 # B=1 decode step's. Since one-row GEMV sums are deferred to their readers (ops/deferred.py)
 # and the deferred norm runs 16 warps, the norms and the Gluon GEMVs at one row released
 # early too: H100, AWQ Qwen2.5-7B decode forward at B=1 (engine_gemv_ab.py, twenty-eighth
-# session, 2026-12-05, rounds 1.669-1.675 against 1.712-1.718 ms), 1.674 against 1.713
-# ms with the norms alone early and 1.714 with the GEMVs alone; gate_up 786 -> 675 us a
-# step (its weight stream starts under the norm before it). Same tokens, same output as
-# without (engine_gemv_ab's output_off_reference equal). Other batch sizes keep their
-# launches: the all-eager mode had B=8 slower (above), and they were not re-measured.
+# session, 2026-12-05), 1.674 ms (rounds 1.669-1.675) against 1.713 without either, 1.703
+# with the norms alone and 1.714 with the GEMVs alone; gate_up 786 -> 675 us a step (its
+# weight stream starts under the norm before it). Same tokens, same output as without
+# (engine_gemv_ab's output_off_reference equal). Other batch sizes keep their launches:
+# the all-eager mode had B=8 slower (above), and they were not re-measured.
 # PAGEFLEET_PDL_EAGER: a comma list instead ("" for none).
 ROLES = ("rmsnorm", "rotary", "attention", "merge", "gemv", "silu")
 
