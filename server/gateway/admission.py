@@ -13,8 +13,8 @@ has no capacity at all.
 Rate limits are token buckets per API key (requests per second and a burst), with
 per-key overrides from the API keys file; requests without a key get one bucket per
 client network (by default an IPv4 address, or an IPv6 /64: `ClientNetworks`), taken
-from the TCP peer or, behind a
-trusted proxy, from X-Forwarded-For by the right-most-untrusted rule (`TrustedProxies`).
+from the TCP peer or, behind a trusted proxy, from X-Forwarded-For by the
+right-most-untrusted rule (`TrustedProxies`).
 """
 
 from __future__ import annotations
@@ -157,16 +157,10 @@ def parse_ip(value: str) -> IPAddress | None:
 def address_key(ip: IPAddress, nets: ClientNetworks = ClientNetworks()) -> str:
     """The rate-limit bucket of an address: the network of `nets`' width it is in, an
     IPv4 address bare at /32 (short and canonical: no client-written text is kept)."""
-    if isinstance(ip, ipaddress.IPv4Address):
-        if nets.ipv4 == 32:
-            return f"addr:{ip}"
-        bits, prefix = 32, nets.ipv4
-        net = ipaddress.IPv4Network
-    else:
-        bits, prefix = 128, nets.ipv6
-        net = ipaddress.IPv6Network
-    shift = bits - prefix
-    return f"addr:{net(((int(ip) >> shift) << shift, prefix))}"
+    v4 = isinstance(ip, ipaddress.IPv4Address)
+    if v4 and nets.ipv4 == 32:
+        return f"addr:{ip}"
+    return f"addr:{ipaddress.ip_network((ip, nets.ipv4 if v4 else nets.ipv6), strict=False)}"
 
 
 class TrustedProxies:
